@@ -1,0 +1,37 @@
+# make install: .venv with the pinned dependencies (idempotent)
+# make test:    the whole test suite (what CI runs)
+# make demo:    train the tiny model on the offline default data, then analyse it
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+DEMO_DIR ?= runs/demo
+
+.PHONY: install test test-fast demo lock clean
+
+install: $(STAMP)
+
+$(STAMP): requirements.lock pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -r requirements.lock
+	$(PY) -m pip install --quiet --no-deps -e .
+	touch $(STAMP)
+
+test: install
+	$(PY) -m pytest -n 2 -q
+
+test-fast: install
+	$(PY) -m pytest -n 2 -q -m "not slow"
+
+demo: install
+	$(PY) train.py --config=configs/tiny.py --workdir=$(DEMO_DIR)
+
+# Re-resolve the pins from pyproject.toml's ranges (then run `make test`).
+lock:
+	rm -rf /tmp/abspos_lock && $(PYTHON) -m venv /tmp/abspos_lock
+	/tmp/abspos_lock/bin/pip install --quiet ".[test]"
+	/tmp/abspos_lock/bin/pip freeze --exclude abspos_jax > requirements.lock
+
+clean:
+	rm -rf $(VENV) runs

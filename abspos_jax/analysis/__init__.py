@@ -1,0 +1,1 @@
+"""Estimators of absolute-position leakage (sufficient-statistic accumulators)."""

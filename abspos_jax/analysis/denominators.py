@@ -1,0 +1,118 @@
+"""Denominator statistics per (layer, head, query): mean and spread over sequences.
+
+Per sequence, layer ``l``, head ``h``, query ``i`` (``a_ij = exp(s_ij - log Z_i)``
+on the visible keys ``V(i)``):
+
+* ``log_z``: ``log Z_i``;
+* ``excess``: ``E_i = log Z_i - log|V(i)|`` (log of the mean exp-logit);
+* ``entropy``: ``-sum_j a_ij log a_ij``;
+* ``max_weight``: ``max_j a_ij``;
+* ``sink_mass``: ``a_i0`` (0 where key 0 is not visible, e.g. past a sliding window).
+
+``finalize`` returns the mean over sequences and the population std (ddof 0).
+Sums are taken of ``x - ref`` with ``ref`` the first batch's mean, fixed
+afterwards, so the variance does not cancel when the mean is large against the
+spread (``log Z`` of long sequences).
+
+``log_z_slope``: per (l, h), the OLS slope of mean ``log Z_i`` on
+``log|V(i)|`` over queries, each query weighted once, using only the queries
+at which ``|V(i)|`` reaches a new maximum (all of them for a causal mask; ``i <
+W`` for a sliding window of ``W`` keys, past which ``log|V|`` is constant).
+NaN with fewer than two such queries.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from abspos_jax.analysis import fixed_effects as fe
+
+QUANTITIES = ("log_z", "excess", "entropy", "max_weight", "sink_mass")
+
+
+def log_visible(visible: jax.Array) -> jax.Array:
+  """``log|V(i)|``: ``[..., T, T] -> [..., T]``."""
+  return jnp.log(visible.sum(-1).astype(jnp.float32))
+
+
+def query_statistics(logits: jax.Array, log_z: jax.Array,
+                     visible: jax.Array) -> dict[str, jax.Array]:
+  """Per-sequence ``QUANTITIES``, each ``[B, L, H, T]``.
+
+  ``logits [B, L, H, T, T]`` (ignored off ``visible``), ``log_z [B, L, H, T]``,
+  ``visible`` bool ``[T, T]`` or ``[L, T, T]``. Also the attention features a
+  probe can read.
+  """
+  vis = fe.layer_mask(visible)
+  log_a = jnp.where(vis, logits - log_z[..., None], 0.0)
+  a = jnp.where(vis, jnp.exp(log_a), 0.0)
+  log_v = log_visible(visible)
+  return dict(log_z=log_z,
+              excess=log_z - (log_v if visible.ndim == 2 else log_v[:, None]),
+              entropy=-(a * log_a).sum(-1),
+              max_weight=a.max(-1),
+              sink_mass=a[..., 0])
+
+
+def init(num_layers: int, num_heads: int, seq_len: int) -> dict:
+  """Zero accumulator: per quantity ``s1, s2, ref [L, H, T]``; ``n []``."""
+  zeros = jnp.zeros((num_layers, num_heads, seq_len), jnp.float32)
+  return dict(n=jnp.zeros((), jnp.float32),
+              **{q: dict(s1=zeros, s2=zeros, ref=zeros) for q in QUANTITIES})
+
+
+def update(acc: dict, logits: jax.Array, log_z: jax.Array,
+           visible: jax.Array) -> dict:
+  """Adds a batch (shapes as in ``query_statistics``)."""
+  stats = query_statistics(logits, log_z, visible)
+  out = dict(n=acc["n"] + logits.shape[0])
+  for q in QUANTITIES:
+    x = stats[q].astype(jnp.float32)
+    ref = jnp.where(acc["n"] > 0, acc[q]["ref"], x.mean(0))
+    y = x - ref
+    out[q] = dict(s1=acc[q]["s1"] + y.sum(0), s2=acc[q]["s2"] + (y * y).sum(0), ref=ref)
+  return out
+
+
+def _slope(x: jax.Array, y: jax.Array, counts: jax.Array) -> jax.Array:
+  """OLS slope of ``y [L, H, T]`` on ``x`` over the queries where ``counts`` reaches a new maximum.
+
+  ``x`` and ``counts`` are ``[T]`` (shared mask) or ``[L, T]``.
+  """
+  running_max = jax.lax.cummax(counts, axis=counts.ndim - 1)
+  previous = jnp.concatenate([jnp.zeros_like(counts[..., :1]), running_max[..., :-1]], -1)
+  use = (counts > previous)[..., None, :]  # [1 or L, 1, T]
+  x = x[..., None, :]
+  k = use.sum(-1, keepdims=True)
+
+  def centre(v: jax.Array) -> jax.Array:
+    mean = jnp.where(use, v, 0.0).sum(-1, keepdims=True) / jnp.maximum(k, 1)
+    return jnp.where(use, v - mean, 0.0)
+
+  xc, yc = centre(x), centre(y)
+  sxx = (xc * xc).sum(-1)
+  ok = (k[..., 0] >= 2) & (sxx > 0)
+  return jnp.where(ok, (xc * yc).sum(-1) / jnp.where(ok, sxx, 1.0), jnp.nan)
+
+
+@jax.jit
+def finalize(acc: dict, visible: jax.Array) -> dict[str, jax.Array]:
+  """Means and stds over sequences.
+
+  Returns ``Q [L, H, T]`` and ``Q_std [L, H, T]`` for every ``Q`` in
+  ``QUANTITIES``; ``log_visible`` (``[T]`` for a ``[T, T]`` mask, ``[L, T]``
+  for ``[L, T, T]``); ``log_z_slope [L, H]``; ``n_sequences []``.
+  """
+  n = jnp.maximum(acc["n"], 1.0)
+  out = {}
+  for q in QUANTITIES:
+    m1 = acc[q]["s1"] / n
+    out[q] = m1 + acc[q]["ref"]
+    out[q + "_std"] = jnp.sqrt(jnp.maximum(acc[q]["s2"] / n - m1 * m1, 0.0))
+  log_v = log_visible(visible)
+  counts = visible.sum(-1).astype(jnp.float32)
+  out["log_z_slope"] = _slope(log_v, out["log_z"], counts)
+  out["log_visible"] = log_v
+  out["n_sequences"] = acc["n"]
+  return out

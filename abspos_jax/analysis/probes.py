@@ -1,0 +1,102 @@
+"""Closed-form ridge probes of log-position, batched over layers.
+
+Target ``y_i = log(1 + i)`` for positions ``i >= min_position`` (default 1:
+position 0 is trivially special). Features ``F [B, L, T, p]``: the residual
+stream ``h_i^l`` (``p = D``, ``L`` = number of states, e.g. ``L+1``) or any
+per-query attention features built by the driver (e.g.
+``denominators.query_statistics`` of every head).
+
+Per half (``seq_id % 2``: 0 fits, 1 scores) and layer the accumulator holds the
+augmented Gram matrix ``A^T A`` of ``A = [F - ref, 1]`` (its last row and
+column give ``n`` and the feature sums), ``A^T y`` and ``y^T y``. ``ref`` is the
+first batch's mean feature per layer and ``y`` is centred by the constant mean
+of ``log(1 + i)`` over the included positions; both keep the float32 sums free
+of cancellation and change no result.
+
+Fit: ``theta = (A^T A + Lambda)^{-1} A^T y`` with ``Lambda = diag(lambda, ..., lambda, 0)``
+(intercept unpenalised), ``lambda = ridge * trace(S) / p`` where ``S`` is the
+fit half's feature scatter about its own mean (so lambda does not depend on
+``ref``). Held-out ``R^2 = 1 - SSE / SST`` on the other half,
+``SSE = theta^T G theta - 2 theta^T b + y^T y`` from that half's stats and
+``SST`` about that half's mean of ``y``.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from abspos_jax.analysis.fixed_effects import HIGHEST
+
+
+def init(num_layers: int, dim: int) -> dict:
+  """Zero accumulator for ``L`` feature sets of dimension ``p = dim``.
+
+  ``gram [L, 2, p+1, p+1]``, ``xty [L, 2, p+1]``, ``yty [L, 2]``, ``ref [L, p]``.
+  """
+  return dict(gram=jnp.zeros((num_layers, 2, dim + 1, dim + 1), jnp.float32),
+              xty=jnp.zeros((num_layers, 2, dim + 1), jnp.float32),
+              yty=jnp.zeros((num_layers, 2), jnp.float32),
+              ref=jnp.zeros((num_layers, dim), jnp.float32))
+
+
+def update(acc: dict, features: jax.Array, seq_ids: jax.Array,
+           min_position: int = 1) -> dict:
+  """Adds a batch: ``features [B, L, T, p]``, ``seq_ids`` int ``[B]``.
+
+  Rows are the positions ``i >= min_position`` (static under ``jit``).
+  """
+  f = features[:, :, min_position:].astype(jnp.float32)
+  y = jnp.log1p(jnp.arange(min_position, features.shape[2], dtype=jnp.float32))
+  y = y - y.mean()
+  seen = acc["gram"][:, :, -1, -1].sum() > 0
+  ref = jnp.where(seen, acc["ref"], f.mean((0, 2)))
+  a = jnp.concatenate([f - ref[:, None, :], jnp.ones(f.shape[:-1] + (1,), f.dtype)], -1)
+  half = seq_ids % 2
+  a_half = [jnp.where((half == k)[:, None, None, None], a, 0.0) for k in (0, 1)]
+  gram = jnp.stack([jnp.einsum("bltp,bltq->lpq", ak, a, precision=HIGHEST)
+                    for ak in a_half], 1)
+  xty = jnp.stack([jnp.einsum("bltp,t->lp", ak, y, precision=HIGHEST)
+                   for ak in a_half], 1)
+  n_seq = jnp.stack([jnp.sum(half == k) for k in (0, 1)]).astype(jnp.float32)
+  return dict(
+      gram=acc["gram"] + gram,
+      xty=acc["xty"] + xty,
+      yty=acc["yty"] + (n_seq * (y * y).sum())[None, :],
+      ref=ref)
+
+
+@functools.partial(jax.jit, static_argnames="ridge")
+def finalize(acc: dict, ridge: float = 1e-2) -> dict[str, jax.Array]:
+  """Fits on half 0, scores half 1.
+
+  Returns ``r2 [L]`` (held out), ``r2_fit [L]`` (in sample), ``ridge_lambda [L]``,
+  ``n_fit [L]``, ``n_test [L]`` (counts of (sequence, position) rows).
+  """
+  g_fit, g_test = acc["gram"][:, 0], acc["gram"][:, 1]
+  b_fit, b_test = acc["xty"][:, 0], acc["xty"][:, 1]
+  p = g_fit.shape[-1] - 1
+  n_fit = g_fit[:, -1, -1]
+  mean = g_fit[:, :p, -1] / jnp.maximum(n_fit, 1.0)[:, None]
+  trace = jnp.trace(g_fit[:, :p, :p], axis1=-2, axis2=-1) - n_fit * (mean * mean).sum(-1)
+  lam = ridge * trace / p
+  penalty = jnp.concatenate([jnp.ones((p,)), jnp.zeros((1,))])
+  system = g_fit + lam[:, None, None] * jnp.diag(penalty)
+  # Jacobi scaling: residual streams mix feature scales over orders of magnitude.
+  d = jnp.sqrt(jnp.diagonal(system, axis1=-2, axis2=-1))
+  d = jnp.where(d > 0, d, 1.0)
+  theta = jnp.linalg.solve(system / (d[:, :, None] * d[:, None, :]),
+                           (b_fit / d)[..., None])[..., 0] / d
+
+  def r2(g: jax.Array, b: jax.Array, yty: jax.Array) -> jax.Array:
+    n = g[:, -1, -1]
+    sse = (jnp.einsum("lp,lpq,lq->l", theta, g, theta, precision=HIGHEST)
+           - 2.0 * (theta * b).sum(-1) + yty)
+    sst = yty - b[:, -1] ** 2 / jnp.maximum(n, 1.0)
+    return jnp.where(sst > 0, 1.0 - sse / jnp.where(sst > 0, sst, 1.0), jnp.nan)
+
+  return dict(r2=r2(g_test, b_test, acc["yty"][:, 1]),
+              r2_fit=r2(g_fit, b_fit, acc["yty"][:, 0]),
+              ridge_lambda=lam, n_fit=n_fit, n_test=g_test[:, -1, -1])

@@ -1,0 +1,67 @@
+"""Checkpoints: an orbax ``CheckpointManager`` over ``WORKDIR/checkpoints``.
+
+Each step directory holds four items: ``params`` and ``opt_state`` (sharded
+arrays; every process writes its shards), ``data`` (the grain iterator state,
+one JSON file per process) and ``meta`` (step and resolved config, JSON).
+Orbax writes to a temporary directory and renames it when complete, so a
+partial save is never listed as a step.
+"""
+
+import os
+
+import grain
+import jax
+import ml_collections
+import orbax.checkpoint as ocp
+
+from abspos_jax import config as config_lib
+
+
+def manager(workdir: str, ckpt: ml_collections.ConfigDict | None = None, *, read_only: bool = False
+            ) -> ocp.CheckpointManager:
+  """The run's manager; ``read_only`` for analysis (no cleanup, no new directories)."""
+  options = ocp.CheckpointManagerOptions(
+      max_to_keep=None if ckpt is None else ckpt.keep,
+      enable_async_checkpointing=bool(ckpt is not None and ckpt.async_save),
+      read_only=read_only,
+      create=not read_only,
+  )
+  path = os.path.abspath(os.path.join(workdir, "checkpoints"))
+  return ocp.CheckpointManager(path, options=options, item_names=("params", "opt_state", "data", "meta"))
+
+
+def save(mgr: ocp.CheckpointManager, step: int, params, opt_state, data_iter,
+         config: ml_collections.ConfigDict) -> None:
+  """Start saving ``step`` (asynchronous when the manager is)."""
+  mgr.save(step, args=ocp.args.Composite(
+      params=ocp.args.StandardSave(params),
+      opt_state=ocp.args.StandardSave(opt_state),
+      data=grain.checkpoint.CheckpointSave(data_iter),
+      meta=ocp.args.JsonSave({"step": int(step), "config": config_lib.to_dict(config)}),
+  ), force=True)
+
+
+def abstract_like(tree, shardings):
+  """``ShapeDtypeStruct``s of ``tree`` placed with ``shardings`` (a prefix tree)."""
+  return jax.tree.map(
+      lambda s, sub: jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), sub),
+      shardings, tree)
+
+
+def restore(mgr: ocp.CheckpointManager, step: int, abstract_params, abstract_opt_state, data_iter):
+  """Restore a full training state onto the shardings held by the abstract trees."""
+  r = mgr.restore(step, args=ocp.args.Composite(
+      params=ocp.args.StandardRestore(abstract_params),
+      opt_state=ocp.args.StandardRestore(abstract_opt_state),
+      data=grain.checkpoint.CheckpointRestore(data_iter),
+  ))
+  return r.params, r.opt_state, r.data
+
+
+def restore_params(mgr: ocp.CheckpointManager, step: int, abstract_params):
+  """Only the parameters (analysis, export), onto any mesh or a single device."""
+  return mgr.restore(step, args=ocp.args.Composite(params=ocp.args.StandardRestore(abstract_params))).params
+
+
+def restore_meta(mgr: ocp.CheckpointManager, step: int) -> dict:
+  return mgr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta

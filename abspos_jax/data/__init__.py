@@ -1,0 +1,22 @@
+"""Data: byte tokenizer, TFDS builders, the synthetic language, grain pipeline."""
+
+from abspos_jax.data.builders import (
+    BUILTIN_NAMES,
+    get_data_sources,
+    prepare_dataset,
+    resolve_data_dir,
+)
+from abspos_jax.data.pipeline import (
+    ALLOWED_BOS,
+    eval_sequences,
+    token_stream,
+    train_iterator,
+    validate_data_config,
+    windows,
+)
+from abspos_jax.data.synthetic import (
+    SyntheticParams,
+    generate_document,
+    synthetic_statistics,
+)
+from abspos_jax.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, VOCAB_SIZE, decode, encode

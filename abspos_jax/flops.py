@@ -1,0 +1,66 @@
+"""FLOP counts, a measured matmul peak, and model FLOP utilisation (MFU).
+
+Training FLOPs per token (PaLM appendix B convention, also levanter's):
+
+    6 * N_matmul + 12 * L * T * D
+
+``N_matmul = L * (4 D^2 + 3 D F) + D V`` counts the weights that take part in
+matrix multiplies (attention q, k, v, o; SwiGLU gate, up, down; the
+unembedding, tied or not; an embedding lookup is no matmul). ``12 L T D``
+counts the attention scores and the weighted sum of values over all ``T`` keys
+(forward ``4 T D`` per layer, backward twice that), without discounting the
+causal mask, so MFU stays comparable across implementations.
+"""
+
+import functools
+import time
+
+import jax
+import jax.numpy as jnp
+
+from abspos_jax.model import ModelSpec
+
+# Per-chip dense bf16 peaks in FLOP/s, for accelerators whose peak cannot be
+# measured cheaply; used when train.peak_flops is 0 and the device kind matches.
+KNOWN_PEAKS = {
+    "NVIDIA H100": 989e12, "NVIDIA H200": 989e12, "NVIDIA A100": 312e12,
+    "TPU v4": 275e12, "TPU v5 lite": 197e12, "TPU v5e": 197e12, "TPU v5p": 459e12, "TPU v6 lite": 918e12,
+}
+
+
+def matmul_params(spec: ModelSpec) -> int:
+  d, f, layers = spec.d_model, spec.mlp_dim, spec.num_layers
+  return layers * (4 * d * d + 3 * d * f) + d * spec.vocab_size
+
+
+def train_flops_per_token(spec: ModelSpec, seq_len: int) -> float:
+  return 6.0 * matmul_params(spec) + 12.0 * spec.num_layers * seq_len * spec.d_model
+
+
+def forward_flops_per_token(spec: ModelSpec, seq_len: int) -> float:
+  return train_flops_per_token(spec, seq_len) / 3.0
+
+
+@functools.lru_cache(maxsize=None)
+def measured_peak_flops(n: int = 1024, repeats: int = 5) -> float:
+  """Best float32 FLOP/s of a jitted ``[n, n] @ [n, n]`` on the default device."""
+  a = jnp.ones((n, n), jnp.float32)
+  f = jax.jit(lambda x: x @ x)
+  f(a).block_until_ready()
+  best = float("inf")
+  for _ in range(repeats):
+    t0 = time.perf_counter()
+    f(a).block_until_ready()
+    best = min(best, time.perf_counter() - t0)
+  return 2.0 * n**3 / best
+
+
+def peak_flops_per_device(configured: float = 0.0) -> float:
+  """``configured`` if > 0, else a known accelerator peak, else a measured matmul peak."""
+  if configured > 0:
+    return configured
+  kind = jax.devices()[0].device_kind
+  for name, peak in KNOWN_PEAKS.items():
+    if kind.startswith(name):
+      return peak
+  return measured_peak_flops()

@@ -1,0 +1,138 @@
+"""The decoder: one Llama-style model, switched by ``config.model``.
+
+Token embedding (plus learned absolute positions for ``position="learned"``),
+``num_layers`` pre-norm blocks of RMSNorm -> attention -> residual add ->
+RMSNorm -> SwiGLU -> residual add, a final RMSNorm and the unembedding (tied to
+the embedding or not). No biases. The position scheme only changes what the
+attention does with positions:
+
+- ``rope``: RoPE with ``rope_base``;
+- ``ntk``: RoPE with the NTK-aware base ``rope_base * ntk_alpha ** (d_h/(d_h-2))``;
+- ``swa``: RoPE plus a sliding window of ``window`` keys, optionally only on the
+  ``L`` layers of ``layer_pattern`` (``G`` layers stay global);
+- ``nope``: no position signal; ``learned``: absolute embeddings, no RoPE.
+"""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+from flax import nnx
+
+from abspos_jax.attention import Attention
+from abspos_jax.hooks import Hooks
+from abspos_jax.layers import RMSNorm, SwiGLU, param
+from abspos_jax.rope import ntk_base
+
+POSITIONS = ("rope", "ntk", "swa", "nope", "learned")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSpec:
+  """Resolved model hyper-parameters (see ``configs/base.py`` for each field)."""
+
+  position: str
+  num_layers: int
+  d_model: int
+  num_heads: int
+  mlp_dim: int
+  vocab_size: int
+  max_len: int
+  rope_base: float
+  ntk_alpha: float
+  window: int
+  layer_pattern: str
+  tie_embeddings: bool
+  norm_eps: float
+  init_std: float
+  dtype: str
+  param_dtype: str
+  attention_impl: str
+
+  @classmethod
+  def from_config(cls, config: ml_collections.ConfigDict) -> "ModelSpec":
+    m = config.model
+    mlp_dim = m.mlp_dim or -(-8 * m.d_model // 3 // 64) * 64
+    fields = {f.name: m[f.name] for f in dataclasses.fields(cls) if f.name not in ("mlp_dim", "max_len")}
+    return cls(mlp_dim=mlp_dim, max_len=m.max_len or config.data.seq_len, **fields)
+
+  @property
+  def head_dim(self) -> int:
+    return self.d_model // self.num_heads
+
+  def attention_base(self) -> float | None:
+    """The RoPE base used by every layer, or None without RoPE."""
+    if self.position in ("rope", "swa"):
+      return self.rope_base
+    if self.position == "ntk":
+      return ntk_base(self.rope_base, self.ntk_alpha, self.head_dim)
+    return None
+
+  def layer_windows(self) -> tuple[int | None, ...]:
+    """Per layer: the sliding window in keys, or None for full causal attention."""
+    if self.position != "swa":
+      return (None,) * self.num_layers
+    pattern = self.layer_pattern or "L"
+    return tuple(self.window if pattern[l % len(pattern)] == "L" else None for l in range(self.num_layers))
+
+
+class Block(nnx.Module):
+  """Pre-norm residual block: ``h += attn(norm(h)); h += mlp(norm(h))``."""
+
+  def __init__(self, spec: ModelSpec, window: int | None, *, rngs: nnx.Rngs):
+    dtype, pdtype = jnp.dtype(spec.dtype), jnp.dtype(spec.param_dtype)
+    out_std = spec.init_std / (2 * spec.num_layers) ** 0.5  # GPT-2 style: keep the residual variance O(1)
+    self.attn_norm = RMSNorm(spec.d_model, eps=spec.norm_eps, param_dtype=pdtype)
+    self.attn = Attention(
+        spec.d_model, spec.num_heads, window=window, rope_base=spec.attention_base(), impl=spec.attention_impl,
+        std=spec.init_std, out_std=out_std, param_dtype=pdtype, dtype=dtype, rngs=rngs)
+    self.mlp_norm = RMSNorm(spec.d_model, eps=spec.norm_eps, param_dtype=pdtype)
+    self.mlp = SwiGLU(spec.d_model, spec.mlp_dim, std=spec.init_std, out_std=out_std, param_dtype=pdtype,
+                      dtype=dtype, rngs=rngs)
+
+  def __call__(self, h: jax.Array, positions: jax.Array, *, hooks: Hooks | None, name: str) -> jax.Array:
+    a = self.attn(self.attn_norm(h), positions, hooks=hooks, name=f"{name}.attn")
+    if hooks is not None:
+      a = hooks(f"{name}.attn.out", a)
+    h = h + a.astype(h.dtype)
+    m = self.mlp(self.mlp_norm(h))
+    if hooks is not None:
+      m = hooks(f"{name}.mlp.out", m)
+    return h + m.astype(h.dtype)
+
+
+class Decoder(nnx.Module):
+  """Decoder-only Transformer. ``model(tokens [B, T]) -> logits [B, T, V]`` (float32)."""
+
+  def __init__(self, spec: ModelSpec, *, rngs: nnx.Rngs):
+    pdtype = jnp.dtype(spec.param_dtype)
+    self.spec = spec
+    self.embed = param(rngs, (spec.vocab_size, spec.d_model), ("vocab", "embed"), spec.init_std, pdtype)
+    if spec.position == "learned":
+      self.pos_embed = param(rngs, (spec.max_len, spec.d_model), ("positions", "embed"), spec.init_std, pdtype)
+    self.blocks = nnx.List([Block(spec, w, rngs=rngs) for w in spec.layer_windows()])
+    self.final_norm = RMSNorm(spec.d_model, eps=spec.norm_eps, param_dtype=pdtype)
+    if not spec.tie_embeddings:
+      self.unembed = param(rngs, (spec.d_model, spec.vocab_size), ("embed", "vocab"), spec.init_std, pdtype)
+
+  def __call__(self, tokens: jax.Array, *, hooks: Hooks | None = None) -> jax.Array:
+    """Logits for ``tokens [B, T]`` at positions ``0 .. T-1``; see :mod:`abspos_jax.hooks` for points."""
+    point = hooks if hooks is not None else (lambda _, v: v)
+    spec = self.spec
+    positions = jnp.arange(tokens.shape[1])
+    h = point("embed.tokens", jnp.take(self.embed[...], tokens, axis=0).astype(spec.dtype))
+    if spec.position == "learned":
+      h = h + self.pos_embed[...][: tokens.shape[1]].astype(spec.dtype)[None]
+    h = point("resid.0", h)
+    for l, block in enumerate(self.blocks):
+      h = point(f"resid.{l + 1}", block(h, positions, hooks=hooks, name=f"blocks.{l}"))
+    h = self.final_norm(h)
+    w = self.embed[...].T if spec.tie_embeddings else self.unembed[...]
+    return jnp.einsum("btd,dv->btv", h, w.astype(spec.dtype), preferred_element_type=jnp.float32)
+
+
+def create(config: ml_collections.ConfigDict, seed: int | None = None) -> Decoder:
+  """Build the model of ``config`` with parameters drawn from ``seed`` (default ``train.seed``)."""
+  seed = config.train.seed if seed is None else seed
+  return Decoder(ModelSpec.from_config(config), rngs=nnx.Rngs(params=seed))

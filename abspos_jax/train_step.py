@@ -1,0 +1,55 @@
+"""The train step and the eval step: pure functions of (params, optimizer state, tokens).
+
+``tokens [B, T + 1]``: the model reads ``tokens[:, :-1]`` and predicts
+``tokens[:, 1:]``. With ``grad_accum = A`` the batch is cut into ``A``
+micro-batches whose gradients are averaged (a ``lax.scan``, so memory is that
+of one micro-batch) before one optimizer update.
+"""
+
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+
+def lm_loss(logits: jax.Array, targets: jax.Array) -> jax.Array:
+  """Mean next-token cross entropy (nats): ``logits [B, T, V]``, ``targets [B, T]``."""
+  return optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), targets).mean()
+
+
+def make_loss_fn(graphdef: nnx.GraphDef) -> Callable[[nnx.State, jax.Array], jax.Array]:
+  def loss_fn(params: nnx.State, tokens: jax.Array) -> jax.Array:
+    model = nnx.merge(graphdef, params)
+    return lm_loss(model(tokens[:, :-1]), tokens[:, 1:])
+  return loss_fn
+
+
+def make_train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, grad_accum: int = 1):
+  """``step(params, opt_state, tokens) -> (params, opt_state, {"loss", "grad_norm"})``."""
+  grad_fn = jax.value_and_grad(make_loss_fn(graphdef))
+
+  def step(params, opt_state, tokens):
+    if grad_accum == 1:
+      loss, grads = grad_fn(params, tokens)
+    else:
+      micro = tokens.reshape(grad_accum, tokens.shape[0] // grad_accum, *tokens.shape[1:])
+
+      def body(carry, mb):
+        loss, grads = grad_fn(params, mb)
+        return jax.tree.map(jnp.add, carry, (loss, grads)), None
+
+      zeros = (jnp.zeros((), jnp.float32), jax.tree.map(jnp.zeros_like, params))
+      (loss, grads), _ = jax.lax.scan(body, zeros, micro)
+      loss, grads = jax.tree.map(lambda x: x / grad_accum, (loss, grads))
+    updates, opt_state = tx.update(grads, opt_state, params)
+    params = optax.apply_updates(params, updates)
+    return params, opt_state, {"loss": loss, "grad_norm": optax.global_norm(grads)}
+
+  return step
+
+
+def make_eval_step(graphdef: nnx.GraphDef):
+  """``eval_step(params, tokens) -> mean loss`` over the batch."""
+  return make_loss_fn(graphdef)

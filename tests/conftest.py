@@ -1,0 +1,38 @@
+"""Shared fixtures: small configs and an isolated data cache per test session."""
+
+import os
+
+import pytest
+
+from abspos_jax.config import base_config
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _data_dir(tmp_path_factory):
+  """Build datasets into a throwaway cache, never the user's."""
+  if "ABSPOS_DATA_DIR" not in os.environ:
+    os.environ["ABSPOS_DATA_DIR"] = str(tmp_path_factory.mktemp("tfds"))
+  return os.environ["ABSPOS_DATA_DIR"]
+
+
+def small_config(position: str = "rope", **overrides):
+  """A model small enough to compile and run in a second or two on CPU."""
+  c = base_config()
+  c.model.position = position
+  c.model.num_layers = 2
+  c.model.d_model = 32
+  c.model.num_heads = 4
+  c.model.window = 4
+  c.data.seq_len = 16
+  c.train.batch_size = 8
+  c.train.steps = 4
+  c.train.warmup_steps = 1
+  c.train.log_every = 1
+  c.train.eval_every = 2
+  c.train.progress = False
+  c.data.eval_sequences = 8
+  c.checkpoint.every = 2
+  for key, value in overrides.items():
+    section, field = key.split(".")
+    c[section][field] = value
+  return c

@@ -1,0 +1,84 @@
+"""Config validation: every refusal names the field and what is allowed."""
+
+import subprocess
+import sys
+
+import pytest
+
+from abspos_jax.config import ConfigError, diff, load_config_file, to_dict, validate
+from conftest import small_config
+
+
+def refused(config, match, num_devices=1):
+  with pytest.raises(ConfigError, match=match):
+    validate(config, num_devices)
+
+
+@pytest.mark.parametrize("name", ["base", "rope", "ntk", "swa", "nope", "learned", "tiny"])
+def test_shipped_configs_are_valid(name):
+  validate(load_config_file(f"configs/{name}.py"), num_devices=1)
+
+
+def test_unknown_field():
+  c = small_config()
+  with c.unlocked():
+    c.model.d_modle = 3
+  refused(c, r"unknown config field config\.model\.d_modle")
+
+
+def test_unknown_position():
+  refused(small_config("alibi"), r"config\.model\.position must be one of rope, ntk, swa, nope, learned")
+
+
+def test_heads_must_divide_d_model():
+  refused(small_config(**{"model.num_heads": 5}), r"config\.model\.num_heads must divide model\.d_model=32")
+
+
+def test_rope_needs_even_head_dim():
+  refused(small_config(**{"model.d_model": 36, "model.num_heads": 4}), r"num_heads must leave an even head dim")
+  validate(small_config("nope", **{"model.d_model": 36, "model.num_heads": 4}), 1)
+
+
+def test_window_at_least_one():
+  refused(small_config("swa", **{"model.window": 0}), r"config\.model\.window must be >= 1")
+
+
+def test_ntk_alpha_positive():
+  refused(small_config("ntk", **{"model.ntk_alpha": 0.0}), r"config\.model\.ntk_alpha must be > 0")
+
+
+def test_bos_policy():
+  refused(small_config(**{"data.bos": "always"}), r"config\.data\.bos must be one of prepend, none")
+
+
+def test_batch_divisible_by_data_parallel_size():
+  refused(small_config(**{"train.batch_size": 6}), r"config\.train\.batch_size .* data-parallel size 4",
+          num_devices=4)
+  refused(small_config(**{"train.batch_size": 8, "train.grad_accum": 3}), r"config\.train\.grad_accum must divide")
+
+
+def test_mesh_must_match_devices():
+  c = small_config()
+  c.mesh.shape, c.mesh.axes = (2, 2), ("data", "tensor")
+  refused(c, r"config\.mesh\.shape must multiply to the device count 8", num_devices=8)
+  c.mesh.shape, c.mesh.axes = (2, -1), ("data", "model")
+  refused(c, r"config\.mesh\.axes must be distinct names from data, fsdp, tensor", num_devices=8)
+
+
+def test_text_files_need_files():
+  refused(small_config(**{"data.name": "text_files"}), r"config\.data\.files must list paths")
+
+
+def test_diff_ignores_resumable_fields():
+  a, b = small_config(), small_config(**{"train.log_every": 7, "model.num_layers": 3})
+  assert diff(to_dict(a), to_dict(b)) == [("model.num_layers", 2, 3)]
+
+
+def test_cli_refuses_unknown_override_before_compiling(tmp_path):
+  r = subprocess.run([sys.executable, "train.py", "--config=configs/tiny.py", f"--workdir={tmp_path}",
+                      "--config.model.windw=3"], capture_output=True, text=True, timeout=120)
+  assert r.returncode != 0 and "windw" in r.stderr
+  r = subprocess.run([sys.executable, "train.py", "--config=configs/tiny.py", f"--workdir={tmp_path}",
+                      "--config.model.position=alibi"], capture_output=True, text=True, timeout=120)
+  assert r.returncode != 0 and "config.model.position must be one of" in r.stderr
+  assert not (tmp_path / "checkpoints").exists()

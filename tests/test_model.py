@@ -1,0 +1,112 @@
+"""The model: mask conventions, causality, position-0 closedness, tied/untied, fused == explicit."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from abspos_jax import masks, model as model_lib
+from abspos_jax.hooks import Hooks
+from conftest import small_config
+
+T = 16
+
+
+def tokens(seed, batch=2):
+  return jax.random.randint(jax.random.key(seed), (batch, T), 0, 256)
+
+
+@pytest.mark.parametrize("window", [1, 3, 5])
+def test_sliding_window_sees_exactly_its_keys(window):
+  m = np.asarray(masks.causal_mask(10, window))
+  for i in range(10):
+    assert set(np.flatnonzero(m[i])) == set(range(max(0, i - window + 1), i + 1))
+  np.testing.assert_array_equal(np.asarray(masks.num_visible(jnp.arange(10), window)), m.sum(1))
+
+
+def test_causal_mask_and_counts():
+  m = np.asarray(masks.causal_mask(6))
+  np.testing.assert_array_equal(m, np.tril(np.ones((6, 6), bool)))
+  np.testing.assert_array_equal(np.asarray(masks.num_visible(jnp.arange(6))), np.arange(1, 7))
+
+
+def test_swa_attention_weights_respect_window():
+  m = model_lib.create(small_config("swa"))
+  hooks = Hooks(capture=["blocks.0.attn.weights"])
+  m(tokens(0), hooks=hooks)
+  a = np.asarray(hooks.cache["blocks.0.attn.weights"])
+  np.testing.assert_array_equal(a > 0, np.broadcast_to(np.asarray(masks.causal_mask(T, 4)), a.shape))
+  np.testing.assert_allclose(a.sum(-1), 1.0, rtol=1e-5)
+
+
+@pytest.mark.parametrize("position", model_lib.POSITIONS)
+def test_future_tokens_change_nothing_before_them(position):
+  m = model_lib.create(small_config(position))
+  x = tokens(1)
+  t = 7
+  y = x.at[:, t + 1:].set(tokens(2)[:, t + 1:])
+  hx, hy = Hooks(capture=lambda n: n.startswith("resid.")), Hooks(capture=lambda n: n.startswith("resid."))
+  lx, ly = m(x, hooks=hx), m(y, hooks=hy)
+  np.testing.assert_array_equal(lx[:, : t + 1], ly[:, : t + 1])
+  for name in hx.cache:
+    np.testing.assert_array_equal(hx.cache[name][:, : t + 1], hy.cache[name][:, : t + 1])
+  assert not np.allclose(lx[:, t + 1:], ly[:, t + 1:])
+
+
+@pytest.mark.parametrize("position", model_lib.POSITIONS)
+def test_position_zero_is_closed(position):
+  """h_0^l depends only on x_0: identical across inputs that share token 0."""
+  m = model_lib.create(small_config(position))
+  x = tokens(3, batch=4).at[:, 0].set(256)
+  hooks = Hooks(capture=lambda n: n.startswith("resid."))
+  m(x, hooks=hooks)
+  for l in range(3):
+    h0 = np.asarray(hooks.cache[f"resid.{l}"][:, 0])
+    np.testing.assert_array_equal(h0, np.broadcast_to(h0[0], h0.shape))
+
+
+@pytest.mark.parametrize("position", ["rope", "swa"])
+def test_fused_path_equals_explicit(position):
+  explicit = model_lib.create(small_config(position))
+  fused = model_lib.create(small_config(position, **{"model.attention_impl": "fused"}))
+  np.testing.assert_allclose(fused(tokens(4)), explicit(tokens(4)), atol=2e-5)
+
+
+def test_hooks_capture_without_changing_output():
+  m = model_lib.create(small_config())
+  hooks = Hooks(capture=lambda n: True)
+  np.testing.assert_array_equal(m(tokens(5)), m(tokens(5), hooks=hooks))
+  c = hooks.cache
+  assert c["blocks.1.attn.logits"].shape == (2, 4, T, T)
+  np.testing.assert_allclose(jax.nn.logsumexp(c["blocks.1.attn.logits"], -1), c["blocks.1.attn.log_z"], rtol=1e-6)
+  assert set(c) >= {"embed.tokens", "resid.0", "resid.2", "blocks.0.attn.out", "blocks.0.mlp.out"}
+
+
+def test_edit_hook_renormalises_attention():
+  """Removing key 0 from every query i >= 1 leaves weights that sum to 1 over the other keys."""
+  m = model_lib.create(small_config())
+  def no_sink(s):
+    return s.at[:, :, 1:, 0].set(-jnp.inf)
+  hooks = Hooks(edits={"blocks.0.attn.logits": no_sink}, capture=["blocks.0.attn.weights"])
+  m(tokens(6), hooks=hooks)
+  a = np.asarray(hooks.cache["blocks.0.attn.weights"])
+  assert np.all(a[:, :, 1:, 0] == 0)
+  np.testing.assert_allclose(a.sum(-1), 1.0, rtol=1e-5)
+
+
+def test_tied_and_untied_unembedding():
+  tied = model_lib.create(small_config())
+  untied = model_lib.create(small_config(**{"model.tie_embeddings": False}))
+  assert not hasattr(tied, "unembed") and untied.unembed.shape == (32, 259)
+
+
+def test_learned_positions_and_ntk_base_are_used():
+  spec = model_lib.ModelSpec.from_config(small_config("ntk"))
+  assert spec.attention_base() == pytest.approx(10000.0 * 8.0 ** (8 / 6))
+  assert model_lib.ModelSpec.from_config(small_config("nope")).attention_base() is None
+  assert model_lib.create(small_config("learned")).pos_embed.shape == (16, 32)
+
+
+def test_layer_pattern():
+  spec = model_lib.ModelSpec.from_config(small_config("swa", **{"model.num_layers": 5, "model.layer_pattern": "LG"}))
+  assert spec.layer_windows() == (4, None, 4, None, 4)
