@@ -65,3 +65,43 @@ def restore_params(mgr: ocp.CheckpointManager, step: int, abstract_params):
 
 def restore_meta(mgr: ocp.CheckpointManager, step: int) -> dict:
   return mgr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta
+
+
+def load_model(workdir: str, step: int | None = None, device: jax.Device | None = None):
+  """The model of a run, restored onto one device (whatever mesh it was trained on).
+
+  Returns ``(config, model, step)``. Raises ``FileNotFoundError`` / ``ValueError``
+  naming what is missing: the workdir, its ``config.json``, any checkpoint, or ``step``.
+  """
+  import json
+
+  from flax import nnx
+
+  from abspos_jax import model as model_lib
+
+  if not os.path.isdir(workdir):
+    raise FileNotFoundError(f"--workdir {workdir} does not exist")
+  config_path = os.path.join(workdir, "config.json")
+  if not os.path.exists(config_path) or not os.path.isdir(os.path.join(workdir, "checkpoints")):
+    raise ValueError(f"{workdir} is not an abspos_jax run: it needs config.json and checkpoints/ (train.py writes both)")
+  with open(config_path) as f:
+    config = ml_collections.ConfigDict(json.load(f))
+  config.mesh.shape, config.mesh.axes = tuple(config.mesh.shape), tuple(config.mesh.axes)
+  mgr = manager(workdir, read_only=True)
+  steps = mgr.all_steps()
+  if not steps:
+    raise ValueError(f"{workdir}/checkpoints holds no complete checkpoint")
+  step = max(steps) if step is None else step
+  if step not in steps:
+    raise ValueError(f"--step {step} is not in {workdir}/checkpoints; available steps: {sorted(steps)}")
+  device = device or jax.devices()[0]
+  abstract = nnx.eval_shape(lambda: model_lib.create(config))
+  graphdef, abstract_params = nnx.split(abstract, nnx.Param)
+  target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=jax.sharding.SingleDeviceSharding(device)),
+                        abstract_params)
+  try:
+    params = restore_params(mgr, step, target)
+  except Exception as e:  # orbax raises several types for a shape or structure mismatch
+    raise ValueError(f"checkpoint {workdir}/checkpoints/{step} does not match the model of its config.json: {e}") from e
+  mgr.close()
+  return config, nnx.merge(graphdef, params), step

@@ -1,1 +1,13 @@
-"""Estimators of absolute-position leakage (sufficient-statistic accumulators)."""
+"""The analysis: where a trained decoder gets absolute position from.
+
+``analyze(model, sequences)`` runs the jitted pass and returns an
+:class:`AnalysisResult`; ``analyze_run(workdir)`` does the same for a saved
+run and writes ``summary.json``, ``stats.npz``, figures and ``report.md``.
+Add a statistic at any hook point with :class:`Statistic`.
+"""
+
+from abspos_jax.analysis.analysis_pass import Statistic
+from abspos_jax.analysis.cli import analyze_run
+from abspos_jax.analysis.run import AnalysisOptions, AnalysisResult, analyze
+
+__all__ = ["AnalysisOptions", "AnalysisResult", "Statistic", "analyze", "analyze_run"]

@@ -1,0 +1,129 @@
+"""The jitted analysis pass: one forward per batch, reduced to sufficient statistics.
+
+``make_baseline_step`` and ``make_intervention_step`` build pure functions of
+``(params, acc, tokens, seq_ids, ...) -> acc`` that run the model once through
+:class:`abspos_jax.hooks.Hooks` (the same attention code path as training) and
+fold the captures into the estimator accumulators of this package. Nothing of
+shape ``[layer, head, query, key]`` leaves the device: accumulators have fixed
+shapes whatever the number of sequences.
+"""
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from abspos_jax.analysis import denominators, leakage, position0, probes
+from abspos_jax.hooks import Edit, Hooks
+from abspos_jax.model import Decoder
+from abspos_jax.train_step import lm_loss
+
+# Attention features the attention-pattern probe reads, per head.
+ATTENTION_FEATURES = ("log_z", "entropy", "sink_mass", "max_weight")
+
+
+@dataclasses.dataclass(frozen=True)
+class Statistic:
+  """A user statistic at named hook points, accumulated by the same pass.
+
+  ``update(acc, captures)`` receives a dict with the requested ``points`` (see
+  :mod:`abspos_jax.hooks`) plus ``tokens [B, T]`` and ``seq_ids [B]``; it must
+  be jittable and built from sums so batches accumulate. ``finalize(acc)``
+  returns a dict of arrays.
+  """
+
+  points: tuple[str, ...]
+  init: Callable[[], Any]
+  update: Callable[[Any, dict[str, jax.Array]], Any]
+  finalize: Callable[[Any], dict[str, jax.Array]]
+
+
+def core_points(num_layers: int) -> list[str]:
+  return ([f"resid.{l}" for l in range(num_layers + 1)]
+          + [f"blocks.{l}.attn.{q}" for l in range(num_layers) for q in ("logits", "log_z")])
+
+
+def forward(model: Decoder, tokens: jax.Array, edits: Mapping[str, Edit] | None = None,
+            extra_points: tuple[str, ...] = ()) -> dict[str, jax.Array]:
+  """Run ``model`` on ``tokens [B, T]`` and stack the captures.
+
+  Returns ``logits [B, L, H, T, T]``, ``log_z [B, L, H, T]``, ``resid [B, L+1, T, D]``,
+  ``output [B, T, V]`` and every point in ``extra_points`` under its own name.
+  """
+  n = model.spec.num_layers
+  hooks = Hooks(edits, capture=set(core_points(n)) | set(extra_points))
+  output = model(tokens, hooks=hooks)
+  c = hooks.cache
+  return {"output": output,
+          "logits": jnp.stack([c[f"blocks.{l}.attn.logits"] for l in range(n)], 1),
+          "log_z": jnp.stack([c[f"blocks.{l}.attn.log_z"] for l in range(n)], 1),
+          "resid": jnp.stack([c[f"resid.{l}"] for l in range(n + 1)], 1).astype(jnp.float32),
+          **{p: c[p] for p in extra_points}}
+
+
+def attention_features(logits: jax.Array, log_z: jax.Array, visible: jax.Array) -> jax.Array:
+  """Per layer and query, :data:`ATTENTION_FEATURES` of every head: ``[B, L, T, 4 H]``."""
+  q = denominators.query_statistics(logits, log_z, visible)
+  f = jnp.stack([q[name] for name in ATTENTION_FEATURES], -1)  # [B, L, H, T, 4]
+  b, l, h, t, k = f.shape
+  return f.transpose(0, 1, 3, 2, 4).reshape(b, l, t, h * k)
+
+
+def init_accumulators(spec, seq_len: int, user: Mapping[str, Statistic]) -> dict:
+  """Zero accumulators for a baseline pass over sequences of ``seq_len`` tokens."""
+  L, H, D = spec.num_layers, spec.num_heads, spec.d_model
+  return {"denominators": denominators.init(L, H, seq_len),
+          "leakage": leakage.init(L, H, seq_len),
+          "position0": position0.init(L, D, spec.vocab_size),
+          "probe_resid": probes.init(L + 1, D),
+          "probe_attn": probes.init(L, len(ATTENTION_FEATURES) * H),
+          "closedness": jnp.zeros((L + 1,), jnp.float32),
+          "loss_sum": jnp.zeros((), jnp.float32), "loss_count": jnp.zeros((), jnp.float32),
+          "user": {name: stat.init() for name, stat in user.items()}}
+
+
+def make_baseline_step(graphdef: nnx.GraphDef, visible: jax.Array, user: Mapping[str, Statistic]):
+  """``step(params, acc, tokens [B, T], seq_ids [B]) -> acc`` for the unmodified model."""
+  extra = tuple(sorted({p for stat in user.values() for p in stat.points}))
+
+  def step(params, acc, tokens, seq_ids):
+    model = nnx.merge(graphdef, params)
+    cap = forward(model, tokens, extra_points=extra)
+    # Same x_0, different tokens after it (another sequence's): position 0 must not move.
+    other = jnp.concatenate([tokens[:, :1], jnp.roll(tokens, 1, axis=0)[:, 1:]], axis=1)
+    resid_other = forward(model, other)["resid"]
+    n = tokens.shape[0] * (tokens.shape[1] - 1)
+    out = {
+        "denominators": denominators.update(acc["denominators"], cap["logits"], cap["log_z"], visible),
+        "leakage": leakage.update(acc["leakage"], cap["logits"], cap["log_z"], seq_ids, visible),
+        "position0": position0.update(acc["position0"], cap["resid"], tokens),
+        "probe_resid": probes.update(acc["probe_resid"], cap["resid"], seq_ids),
+        "probe_attn": probes.update(acc["probe_attn"], attention_features(cap["logits"], cap["log_z"], visible),
+                                    seq_ids),
+        "closedness": jnp.maximum(acc["closedness"], position0.closedness_max_abs_diff(cap["resid"], resid_other)),
+        "loss_sum": acc["loss_sum"] + lm_loss(cap["output"][:, :-1], tokens[:, 1:]) * n,
+        "loss_count": acc["loss_count"] + n,
+    }
+    captures = {**{p: cap[p] for p in extra}, "tokens": tokens, "seq_ids": seq_ids}
+    out["user"] = {name: stat.update(acc["user"][name], captures) for name, stat in user.items()}
+    return out
+
+  return step
+
+
+def make_intervention_step(graphdef: nnx.GraphDef, visible: jax.Array, edits_fn):
+  """``step(params, acc, tokens, seq_ids, source) -> acc`` accumulating leakage and denominators.
+
+  ``edits_fn(model, tokens, source)`` builds the edits inside the trace (it may
+  run the model on ``source`` first, as ``pos0_patch`` does).
+  """
+  def step(params, acc, tokens, seq_ids, source):
+    model = nnx.merge(graphdef, params)
+    cap = forward(model, tokens, edits=edits_fn(model, tokens, source))
+    return {"leakage": leakage.update(acc["leakage"], cap["logits"], cap["log_z"], seq_ids, visible),
+            "denominators": denominators.update(acc["denominators"], cap["logits"], cap["log_z"], visible)}
+
+  return step

@@ -1,0 +1,132 @@
+"""Side-by-side comparison of analysed runs, with spread over seeds.
+
+Runs whose configs differ only in ``train.seed`` form one group; each metric is
+reported as mean +- standard deviation (ddof 1) over the group's seeds.
+"""
+
+import json
+import os
+
+import numpy as np
+
+from abspos_jax import config as config_lib
+
+# (name in the table, path into summary.json); a list value is averaged over layers.
+METRICS = (
+    ("loss", ("loss", "MAIN")),
+    ("leakage log a", ("leakage", "log_weights_overall")),
+    ("causal-mask share", ("components", "pooled", "causal_mask")),
+    ("residual share", ("components", "pooled", "residual_stream")),
+    ("residual share (early)", ("components", "pooled_early", "residual_stream")),
+    ("pos0 norm ratio (last)", ("position0", "norm_ratio", -1)),
+    ("BOS fingerprint (max)", ("fingerprint", "bos", "MAX")),
+    ("no-BOS fingerprint (mean)", ("fingerprint", "no_bos", "MEAN")),
+    ("max sink score", ("sink_score_max",)),
+    ("BOS-replace[mean] residual removed (early)",
+     ("interventions", "bos_replace", "mean", "residual_stream_removed_early")),
+)
+
+
+def _get(summary: dict, path: tuple) -> float:
+  x = summary
+  for key in path:
+    if x is None:
+      return float("nan")
+    if key == "MAIN":
+      key = summary["main_policy"]
+    if key in ("MAX", "MEAN"):
+      v = np.array([np.nan if a is None else a for a in x], float)
+      return float(np.nanmax(v) if key == "MAX" else np.nanmean(v))
+    try:
+      x = x[key]
+    except (KeyError, IndexError, TypeError):
+      return float("nan")
+  return float("nan") if x is None else float(np.nanmean(np.array(x, float)))
+
+
+def load(run_dir: str) -> tuple[dict, dict]:
+  """``(config, summary)`` of a run directory (its ``analysis/`` is read) or an analysis directory."""
+  candidates = [os.path.join(run_dir, "analysis", "summary.json"), os.path.join(run_dir, "summary.json")]
+  path = next((p for p in candidates if os.path.exists(p)), None)
+  if path is None:
+    raise FileNotFoundError(f"{run_dir}: no summary.json (run `python analyze.py --workdir={run_dir}` first)")
+  with open(path) as f:
+    summary = json.load(f)
+  config_path = os.path.join(run_dir, "config.json")
+  config = json.load(open(config_path)) if os.path.exists(config_path) else {}
+  return config, summary
+
+
+def group_key(config: dict) -> str:
+  if not config:
+    return "unknown"
+  m = config["model"]
+  label = f"{m['position']} L{m['num_layers']} d{m['d_model']}"
+  base = dict(config_lib.flatten(config_lib.to_dict(config_lib.base_config())))
+  extras = [f"{k}={v}" for k, v in config_lib.flatten(config)
+            if k in base and base[k] != v and k not in ("train.seed", "model.position", "model.num_layers",
+                                                       "model.d_model") and k not in config_lib.RESUMABLE_FIELDS
+            and not k.startswith(("data.data_dir",))]
+  return label + (f" [{', '.join(sorted(extras))}]" if extras else "")
+
+
+def compare(run_dirs: list[str], out: str) -> dict:
+  """Write ``comparison.md``, ``comparison.json`` and ``comparison.png`` into ``out``."""
+  groups: dict[str, list[dict]] = {}
+  for d in run_dirs:
+    config, summary = load(d)
+    groups.setdefault(group_key(config), []).append({"dir": d, "summary": summary,
+                                                     "seed": config.get("train", {}).get("seed")})
+  table = {}
+  for key, runs in groups.items():
+    row = {"runs": [r["dir"] for r in runs], "seeds": [r["seed"] for r in runs]}
+    for name, path in METRICS:
+      vals = np.array([_get(r["summary"], path) for r in runs])
+      row[name] = {"mean": float(np.nanmean(vals)) if np.isfinite(vals).any() else None,
+                   "std": float(np.nanstd(vals, ddof=1)) if np.isfinite(vals).sum() > 1 else None,
+                   "values": [None if not np.isfinite(v) else float(v) for v in vals]}
+    table[key] = row
+  os.makedirs(out, exist_ok=True)
+  with open(os.path.join(out, "comparison.json"), "w") as f:
+    json.dump(table, f, indent=1)
+  with open(os.path.join(out, "comparison.md"), "w") as f:
+    f.write(render(table))
+  figure(table, os.path.join(out, "comparison.png"))
+  return table
+
+
+def _cell(v: dict) -> str:
+  if v["mean"] is None:
+    return "n/a"
+  return f"{v['mean']:.3f}" + (f" ± {v['std']:.3f}" if v["std"] is not None else "")
+
+
+def render(table: dict) -> str:
+  names = [n for n, _ in METRICS]
+  lines = ["# Comparison", "", "Mean ± std over seeds (n = number of runs).", "",
+           "| group | n | " + " | ".join(names) + " |", "|---" * (len(names) + 2) + "|"]
+  for key, row in table.items():
+    lines.append(f"| {key} | {len(row['runs'])} | " + " | ".join(_cell(row[n]) for n in names) + " |")
+  return "\n".join(lines) + "\n\n![comparison](comparison.png)\n"
+
+
+def figure(table: dict, path: str) -> None:
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  keys = list(table)
+  fig, ax = plt.subplots(figsize=(max(5, 1.3 * len(keys)), 3.4))
+  x = np.arange(len(keys))
+  for off, name in ((-0.2, "causal-mask share"), (0.2, "residual share")):
+    means = [np.nan if table[k][name]["mean"] is None else table[k][name]["mean"] for k in keys]
+    errs = [0 if table[k][name]["std"] is None else table[k][name]["std"] for k in keys]
+    ax.bar(x + off, means, 0.4, yerr=errs, capsize=3, label=name)
+  ax.axhline(0, color="k", lw=0.8)
+  ax.set_xticks(x)
+  ax.set_xticklabels(keys, rotation=25, ha="right", fontsize=8)
+  ax.set_ylabel("share of query-position leakage")
+  ax.set_title("Leakage components by configuration (error bars: std over seeds)")
+  ax.legend(fontsize=8)
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)

@@ -1,0 +1,128 @@
+"""Figures of one analysis (PNG, matplotlib's Agg backend: no display needed)."""
+
+import os
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+
+def _save(fig, out_dir: str, name: str) -> str:
+  path = os.path.join(out_dir, name)
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+  return name
+
+
+def _values(x) -> np.ndarray:
+  return np.array([np.nan if v is None else v for v in x], dtype=float)
+
+
+def log_z_by_query(stats: dict, out_dir: str) -> str:
+  log_z, log_v = stats["log_z"], stats["log_visible"]  # [L, H, T], [T] or [L, T]
+  L, H, T = log_z.shape
+  fig, axes = plt.subplots(1, L, figsize=(3.2 * L, 3.0), sharey=True, squeeze=False)
+  q = np.arange(T)
+  for l, ax in enumerate(axes[0]):
+    for h in range(H):
+      ax.plot(q, log_z[l, h], lw=0.8, alpha=0.6, label=f"head {h}" if l == 0 else None)
+    ax.plot(q, log_v if log_v.ndim == 1 else log_v[l], "k--", lw=1.5, label="log|V(i)| (flat logits)" if l == 0 else None)
+    ax.set_title(f"layer {l}")
+    ax.set_xlabel("query position i")
+  axes[0, 0].set_ylabel("mean log Z_i (nats)")
+  axes[0, 0].legend(fontsize=7)
+  fig.suptitle("Softmax denominators against the mask-only baseline")
+  return _save(fig, out_dir, "log_z.png")
+
+
+def sink_heatmap(stats: dict, summary: dict, out_dir: str) -> str:
+  score = stats["sink_score"]
+  fig, ax = plt.subplots(figsize=(1.0 + 0.7 * score.shape[1], 1.0 + 0.55 * score.shape[0]))
+  im = ax.imshow(score, vmin=0, vmax=1, cmap="viridis", aspect="auto")
+  for (l, h), v in np.ndenumerate(score):
+    ax.text(h, l, f"{v:.2f}", ha="center", va="center", color="w" if v < 0.6 else "k", fontsize=8)
+  ax.set_xlabel("head")
+  ax.set_ylabel("layer")
+  ax.set_xticks(range(score.shape[1]))
+  ax.set_yticks(range(score.shape[0]))
+  fig.colorbar(im, ax=ax, label="mean attention to key 0 (queries i >= 4)")
+  ax.set_title("Sink mass (sink-reading head: > 0.3)")
+  return _save(fig, out_dir, "sink_mass.png")
+
+
+def position0(summary: dict, out_dir: str) -> str:
+  p0 = summary["position0"]
+  depth = np.arange(len(p0["norm"]))
+  fig, axes = plt.subplots(1, 3, figsize=(11, 3.0))
+  axes[0].plot(depth, _values(p0["norm"]), "o-")
+  axes[0].set_ylabel("||h_0^l||")
+  axes[1].plot(depth, _values(p0["norm_ratio"]), "o-")
+  axes[1].axhline(1.0, color="k", ls="--", lw=1)
+  axes[1].set_ylabel("||h_0^l|| / mean ||h_i^l||, i >= 1")
+  axes[2].plot(depth[1:], _values(p0["cos_prev"]), "o-")
+  axes[2].set_ylabel("cos(h_0^l, h_0^{l-1})")
+  for ax in axes:
+    ax.set_xlabel("layer (0 = embedding output)")
+  fig.suptitle("Position-0 trajectory across depth")
+  return _save(fig, out_dir, "position0.png")
+
+
+def fingerprint(summary: dict, out_dir: str) -> str:
+  fp = summary["fingerprint"]
+  fig, ax = plt.subplots(figsize=(5, 3.2))
+  for key, label in (("bos", "with auto-prepended BOS"), ("no_bos", "without BOS (x_0 varies)")):
+    if key in fp:
+      y = np.maximum(_values(fp[key]), 1e-12)
+      ax.semilogy(np.arange(len(y)), y, "o-", label=label)
+  ax.set_xlabel("layer (0 = embedding output)")
+  ax.set_ylabel("spread of h_0^l / mean norm")
+  ax.set_title("Position-0 fingerprint across inputs")
+  ax.legend(fontsize=8)
+  return _save(fig, out_dir, "fingerprint.png")
+
+
+def components(summary: dict, out_dir: str) -> str:
+  c = summary["components"]
+  fig, axes = plt.subplots(1, 2, figsize=(10, 3.2), sharey=True)
+  for ax, suffix, title in ((axes[0], "", "all queries"), (axes[1], "_early", "early queries (1 <= i < 16)")):
+    mask, res = _values(c["causal_mask" + suffix]), _values(c["residual_stream" + suffix])
+    x = np.arange(len(mask))
+    ax.bar(x - 0.2, mask, 0.4, label="causal mask")
+    ax.bar(x + 0.2, res, 0.4, label="residual stream")
+    ax.axhline(0, color="k", lw=0.8)
+    ax.set_xlabel("layer")
+    ax.set_title(title)
+  axes[0].set_ylabel("share of query-position leakage of log a")
+  axes[0].legend(fontsize=8)
+  return _save(fig, out_dir, "components.png")
+
+
+def interventions(summary: dict, out_dir: str) -> str | None:
+  iv = summary.get("interventions")
+  if not iv:
+    return None
+  rows = [(f"bos_replace[{k}]", v) for k, v in iv["bos_replace"].items() if isinstance(v, dict)]
+  rows += [(k, iv[k]) for k in ("pos0_patch", "sink_ablate")]
+  fig, axes = plt.subplots(1, 2, figsize=(11, 3.4), sharey=True)
+  for ax, suffix, title in ((axes[0], "", "all queries"), (axes[1], "_early", "early queries")):
+    x = np.arange(len(rows))
+    for off, comp in ((-0.2, "causal_mask"), (0.2, "residual_stream")):
+      vals = [np.nan if r[f"{comp}_removed{suffix}"] is None else r[f"{comp}_removed{suffix}"] for _, r in rows]
+      ax.bar(x + off, vals, 0.4, label=comp.replace("_", " "))
+    ax.axhline(0, color="k", lw=0.8)
+    ax.set_xticks(x)
+    ax.set_xticklabels([name for name, _ in rows], rotation=30, ha="right", fontsize=8)
+    ax.set_title(title)
+  axes[0].set_ylabel("fraction of component removed")
+  axes[0].legend(fontsize=8)
+  return _save(fig, out_dir, "interventions.png")
+
+
+def all_figures(summary: dict, stats: dict, out_dir: str) -> list[str]:
+  """Write every figure into ``out_dir``; returns the file names."""
+  names = [log_z_by_query(stats, out_dir), sink_heatmap(stats, summary, out_dir), position0(summary, out_dir),
+           fingerprint(summary, out_dir), components(summary, out_dir), interventions(summary, out_dir)]
+  return [n for n in names if n]

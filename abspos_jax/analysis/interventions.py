@@ -1,0 +1,76 @@
+"""Interventions: pure edits at hook points, traced into the same jitted forward.
+
+Each function returns a ``{hook point: edit}`` mapping for
+:class:`abspos_jax.hooks.Hooks`.
+
+- ``bos_replace``: the token embedding at position 0 becomes the mean token
+  embedding (``mean``), another token's embedding (``token``), zeros
+  (``zeros``), or a random vector with the norm of the embedding it replaces
+  (``random``, fixed seed).
+- ``pos0_patch``: the position-0 residual stream at every layer (``resid.0`` to
+  ``resid.L``) is taken from another forward pass.
+- ``sink_ablate``: key 0 is removed from the chosen heads for every query
+  ``i >= 1`` (its logit set to ``-inf``; the softmax renormalises over the
+  remaining keys). Query 0 keeps key 0: it has no other key.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from abspos_jax.hooks import Edit
+
+BOS_REPLACEMENTS = ("mean", "token", "zeros", "random")
+
+
+def replacement_vector(embed: jax.Array, kind: str, *, token: int, key: jax.Array | None = None) -> jax.Array:
+  """The vector ``[D]`` (or a function of the replaced embedding, for ``random``) used by ``bos_replace``."""
+  if kind == "mean":
+    return embed.mean(0)
+  if kind == "token":
+    return embed[token]
+  if kind == "zeros":
+    return jnp.zeros(embed.shape[1], embed.dtype)
+  if kind == "random":
+    return jax.random.normal(jax.random.key(0) if key is None else key, (embed.shape[1],), embed.dtype)
+  raise ValueError(f"bos_replace kind must be one of {', '.join(BOS_REPLACEMENTS)}, got {kind!r}")
+
+
+def bos_replace(embed: jax.Array, kind: str, *, token: int = 10) -> dict[str, Edit]:
+  """Replace the token embedding at position 0 (``embed [V, D]`` is the model's table)."""
+  vec = replacement_vector(embed, kind, token=token)
+
+  def edit(e: jax.Array) -> jax.Array:  # e [B, T, D]
+    new = jnp.broadcast_to(vec.astype(e.dtype), e[:, 0].shape)
+    if kind == "random":  # match the norm of what it replaces, per sequence
+      new = new * (jnp.linalg.norm(e[:, 0], axis=-1, keepdims=True) / jnp.linalg.norm(vec))
+    return e.at[:, 0].set(new)
+
+  return {"embed.tokens": edit}
+
+
+def pos0_patch(source: jax.Array) -> dict[str, Edit]:
+  """Position 0's residual stream from ``source [L+1, B, D]`` (resid.0 .. resid.L of another input)."""
+  return {f"resid.{l}": (lambda h, l=l: h.at[:, 0].set(source[l].astype(h.dtype))) for l in range(source.shape[0])}
+
+
+def sink_ablate(heads: np.ndarray) -> dict[str, Edit]:
+  """Remove key 0 for queries ``i >= 1`` in the heads where ``heads [L, H]`` is True."""
+  edits = {}
+  for l, row in enumerate(np.asarray(heads, bool)):
+    if row.any():
+      sel = jnp.asarray(row)[None, :, None, None]
+
+      def edit(s, sel=sel):  # s [B, H, T, T]
+        drop = sel & (jnp.arange(s.shape[-2])[:, None] >= 1) & (jnp.arange(s.shape[-1])[None, :] == 0)
+        return jnp.where(drop, -jnp.inf, s)
+
+      edits[f"blocks.{l}.attn.logits"] = edit
+  return edits
+
+
+def without_sink_cells(visible: jax.Array) -> jax.Array:
+  """The mask minus key 0 for queries ``i >= 1``: the common cell set on which sink ablation is measured."""
+  t = visible.shape[-1]
+  drop = (jnp.arange(t)[:, None] >= 1) & (jnp.arange(t)[None, :] == 0)
+  return visible & ~drop

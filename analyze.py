@@ -1,0 +1,56 @@
+r"""Analyse a trained run, or compare analysed runs.
+
+    python analyze.py --workdir=runs/rope [--step=N] [--out=runs/rope/analysis] \
+        [--num_sequences=256] [--split=validation]
+    python analyze.py --compare runs/rope runs/ntk runs/swa [--out=comparison]
+
+Writes summary.json, stats.npz, PNG figures and report.md (see docs/analysis.md).
+"""
+
+import sys
+
+from absl import app, flags, logging
+
+_WORKDIR = flags.DEFINE_string("workdir", None, "Run directory written by train.py.")
+_STEP = flags.DEFINE_integer("step", None, "Checkpoint step (default: the latest).")
+_OUT = flags.DEFINE_string("out", None, "Output directory (default: WORKDIR/analysis, or ./comparison).")
+_NUM = flags.DEFINE_integer("num_sequences", 256, "Held-out sequences per BOS policy.")
+_SPLIT = flags.DEFINE_string("split", "validation", "Data split the sequences come from.")
+_SEQ_LEN = flags.DEFINE_integer("seq_len", None, "Tokens per sequence (default and maximum: the trained length).")
+_BATCH = flags.DEFINE_integer("batch_size", 32, "Sequences per jitted pass.")
+_NO_INTERVENTIONS = flags.DEFINE_bool("skip_interventions", False, "Skip the intervention sweep.")
+_COMPARE = flags.DEFINE_bool("compare", False, "Compare the analysed runs given as arguments.")
+
+
+def main(argv):
+  logging.set_verbosity(logging.ERROR)
+  if _COMPARE.value:
+    from abspos_jax.analysis.compare import compare
+    if len(argv) < 2:
+      sys.exit("error: --compare needs run directories: python analyze.py --compare DIR1 DIR2 ...")
+    out = _OUT.value or "comparison"
+    compare(argv[1:], out)
+    print(f"wrote {out}/comparison.md")
+    return
+  if len(argv) > 1:
+    sys.exit(f"error: unexpected arguments {argv[1:]} (did you mean --compare?)")
+  if not _WORKDIR.value:
+    sys.exit("error: --workdir is required (or --compare DIR1 DIR2 ...)")
+  from abspos_jax.analysis import AnalysisOptions, analyze_run
+  try:
+    if _BATCH.value < 1:
+      raise ValueError(f"--batch_size must be >= 1, got {_BATCH.value}")
+    result = analyze_run(_WORKDIR.value, step=_STEP.value, out=_OUT.value, num_sequences=_NUM.value,
+                         split=_SPLIT.value, seq_len=_SEQ_LEN.value,
+                         options=AnalysisOptions(batch_size=_BATCH.value, interventions=not _NO_INTERVENTIONS.value))
+  except (ValueError, FileNotFoundError, PermissionError) as e:
+    sys.exit(f"error: {e}")
+  out = _OUT.value or f"{_WORKDIR.value}/analysis"
+  s = result.summary
+  print(f"wrote {out}: summary.json, stats.npz, report.md and figures")
+  print(f"  residual-stream share (pooled / early): {s['components']['pooled']['residual_stream']:.3f} / "
+        f"{s['components']['pooled_early']['residual_stream']:.3f}; max sink score {s['sink_score_max']:.3f}")
+
+
+if __name__ == "__main__":
+  app.run(main)
