@@ -26,6 +26,8 @@ test-fast: install
 
 demo: install
 	$(PY) train.py --config=configs/tiny.py --workdir=$(DEMO_DIR)
+	$(PY) analyze.py --workdir=$(DEMO_DIR)
+	@echo "demo done: metrics in $(DEMO_DIR)/metrics.jsonl, report in $(DEMO_DIR)/analysis/report.md"
 
 # Re-resolve the pins from pyproject.toml's ranges (then run `make test`).
 lock:

@@ -12,6 +12,7 @@ import logging
 import sys
 
 from absl import app, flags
+from absl import logging as absl_logging
 from ml_collections import config_flags
 
 from abspos_jax import config as config_lib
@@ -22,7 +23,11 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory: config, metrics,
 
 def main(argv):
   del argv
-  logging.getLogger("abspos_jax").setLevel(logging.INFO)
+  absl_logging.set_verbosity(absl_logging.WARNING)  # orbax and tfds log every step at INFO
+  log = logging.getLogger("abspos_jax")
+  log.setLevel(logging.INFO)
+  log.addHandler(logging.StreamHandler())
+  log.propagate = False
   from abspos_jax.train_loop import train  # late: flags are parsed before jax starts
   try:
     train(_CONFIG.value, _WORKDIR.value)

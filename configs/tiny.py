@@ -14,7 +14,7 @@ def get_config():
   config.model.num_heads = 4
   config.data.seq_len = 128
   config.train.batch_size = 32
-  config.train.steps = 600
+  config.train.steps = 400
   config.train.warmup_steps = 50
   config.train.log_every = 20
   config.train.eval_every = 100

@@ -114,16 +114,18 @@ def make_baseline_step(graphdef: nnx.GraphDef, visible: jax.Array, user: Mapping
   return step
 
 
-def make_intervention_step(graphdef: nnx.GraphDef, visible: jax.Array, edits_fn):
+def make_intervention_step(graphdef: nnx.GraphDef, visible: jax.Array, cells: jax.Array, edits_fn):
   """``step(params, acc, tokens, seq_ids, source) -> acc`` accumulating leakage and denominators.
 
   ``edits_fn(model, tokens, source)`` builds the edits inside the trace (it may
-  run the model on ``source`` first, as ``pos0_patch`` does).
+  run the model on ``source`` first, as ``pos0_patch`` does). Leakage is
+  measured on the ``cells`` mask (a subset of ``visible``, see
+  ``interventions.without_sink_cells``), denominators on the model's ``visible``.
   """
   def step(params, acc, tokens, seq_ids, source):
     model = nnx.merge(graphdef, params)
     cap = forward(model, tokens, edits=edits_fn(model, tokens, source))
-    return {"leakage": leakage.update(acc["leakage"], cap["logits"], cap["log_z"], seq_ids, visible),
+    return {"leakage": leakage.update(acc["leakage"], cap["logits"], cap["log_z"], seq_ids, cells),
             "denominators": denominators.update(acc["denominators"], cap["logits"], cap["log_z"], visible)}
 
   return step

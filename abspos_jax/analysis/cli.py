@@ -14,9 +14,9 @@ def analyze_run(workdir: str, *, step: int | None = None, out: str | None = None
   """Analyse the checkpoint ``step`` (default: latest) of ``workdir``; write to ``out`` (default ``workdir/analysis``)."""
   if num_sequences < 2:
     raise ValueError(f"--num_sequences must be >= 2 (the held-out estimators need two halves), got {num_sequences}")
+  config, model, step = checkpoint.load_model(workdir, step)
   out = out or os.path.join(workdir, "analysis")
   outputs.check_writable(out)
-  config, model, step = checkpoint.load_model(workdir, step)
   trained = config.data.seq_len
   seq_len = seq_len or trained
   if seq_len > trained:

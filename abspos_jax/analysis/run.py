@@ -252,12 +252,12 @@ def _interventions(model, graphdef, params, sequences, main, visible, m, options
   L, H, T = model.spec.num_layers, model.spec.num_heads, toks.shape[1]
   results = {}
   for name, (fn, vis, des) in runs.items():
-    step = jax.jit(make_intervention_step(graphdef, vis, fn))
+    step = jax.jit(make_intervention_step(graphdef, visible, vis, fn))
     acc = {"leakage": leakage.init(L, H, T), "denominators": denominators.init(L, H, T)}
     acc = _sweep(lambda a, t, s, src: step(params, a, t, s, src), acc, toks, options, f"intervention[{name}]",
                  source)
     results[name] = (leakage.finalize(acc["leakage"], des, early_max=options.early_max),
-                     denominators.finalize(acc["denominators"], vis))
+                     denominators.finalize(acc["denominators"], visible))
   out: dict = {"bos_replace": {}}
   for name, (fin, den) in results.items():
     if name == "sink_ablate.reference":

@@ -1,0 +1,172 @@
+"""The analysis pass on constructed models with known answers, its API, CLI and bad inputs."""
+
+import json
+import os
+import subprocess
+import sys
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from abspos_jax import model as model_lib
+from abspos_jax.analysis import AnalysisOptions, Statistic, analyze, analyze_run
+from abspos_jax.data import BOS_ID
+from abspos_jax.train_loop import train
+from conftest import small_config
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FAST = AnalysisOptions(batch_size=6, interventions=False, progress=False)
+
+
+def sequences(n=12, t=16, seed=0):
+  rng = np.random.default_rng(seed)
+  none = rng.integers(0, 256, (n, t)).astype(np.int32)
+  prepend = none.copy()
+  prepend[:, 0] = BOS_ID
+  return {"prepend": prepend, "none": none}
+
+
+def zero_qk(model):
+  for block in model.blocks:
+    block.attn.wq[...] = jnp.zeros_like(block.attn.wq[...])
+    block.attn.wk[...] = jnp.zeros_like(block.attn.wk[...])
+  return model
+
+
+@pytest.mark.parametrize("position", ["rope", "swa"])
+def test_zero_qk_gives_mask_only_denominators(position):
+  r = analyze(zero_qk(model_lib.create(small_config(position))), sequences(), options=FAST)
+  np.testing.assert_allclose(r.stats["log_z"], np.broadcast_to(r.stats["log_visible"], r.stats["log_z"].shape),
+                             atol=1e-5)
+  c = r.summary["components"]
+  assert abs(c["pooled"]["residual_stream"]) < 1e-4 and abs(c["pooled"]["causal_mask"] - 1) < 1e-4
+  np.testing.assert_allclose(r.summary["denominators"]["excess_mean_layer"], 0.0, atol=1e-5)
+
+
+def test_sliding_window_mask_term_constant_after_window():
+  r = analyze(model_lib.create(small_config("swa")), sequences(), options=FAST)
+  w = 4
+  phi = r.stats["phi_logV"]  # [L, T]
+  np.testing.assert_allclose(phi[..., w - 1:], np.broadcast_to(phi[..., w - 1:w], phi[..., w - 1:].shape), atol=1e-6)
+  assert np.ptp(phi[..., :w]) > 0.5
+
+
+def test_closedness_and_fingerprint():
+  r = analyze(model_lib.create(small_config()), sequences(), options=FAST)
+  assert r.summary["closedness_max_abs_diff"] == 0.0
+  assert max(r.summary["fingerprint"]["bos"]) < 1e-6
+  assert min(r.summary["fingerprint"]["no_bos"]) > 0.1
+  assert r.summary["fingerprint"]["no_bos_num_groups"] > 1
+
+
+def test_batches_accumulate_like_one_batch():
+  m, seqs = model_lib.create(small_config()), sequences()
+  small = analyze(m, seqs, options=AnalysisOptions(batch_size=4, interventions=False, progress=False))
+  whole = analyze(m, seqs, options=AnalysisOptions(batch_size=12, interventions=False, progress=False))
+  for name in ("log_z", "log_z_std", "sink_mass", "phi_s", "share_res", "pos0_norm", "probe_resid_r2"):
+    np.testing.assert_allclose(small.stats[name], whole.stats[name], rtol=1e-4, atol=1e-5, err_msg=name)
+
+
+def test_user_statistic_at_a_hook_point():
+  def update(acc, cap):
+    return acc + jnp.sum(cap["blocks.0.mlp.out"] ** 2)
+  stat = Statistic(points=("blocks.0.mlp.out",), init=lambda: jnp.zeros(()), update=update,
+                   finalize=lambda acc: {"mlp0_sq": acc})
+  m, seqs = model_lib.create(small_config()), sequences()
+  r = analyze(m, {"prepend": seqs["prepend"]}, statistics={"mlp0": stat}, options=FAST)
+  from abspos_jax.hooks import Hooks
+  hooks = Hooks(capture=["blocks.0.mlp.out"])
+  m(jnp.asarray(seqs["prepend"]), hooks=hooks)
+  np.testing.assert_allclose(r.user["mlp0"]["mlp0_sq"], float(jnp.sum(hooks.cache["blocks.0.mlp.out"] ** 2)),
+                             rtol=1e-5)
+
+
+def test_interventions_with_known_answers():
+  """Replacing BOS by BOS's own embedding, or patching position 0 from another BOS input, removes nothing."""
+  m, seqs = model_lib.create(small_config()), sequences()
+  opts = AnalysisOptions(batch_size=6, progress=False, bos_replace_token=BOS_ID)
+  iv = analyze(m, {"prepend": seqs["prepend"]}, options=opts).summary["interventions"]
+  for entry in (iv["bos_replace"]["token"], iv["pos0_patch"]):
+    for key in ("causal_mask_removed", "residual_stream_removed", "residual_stream_removed_early"):
+      assert abs(entry[key]) < 1e-4, (key, entry[key])
+  heads = iv["sink_ablate"]["heads"]
+  assert [l for l, _ in heads] == [0, 1]  # no head reads the sink: the top head of each layer
+  # Layer 0 sees only the embeddings: its other heads keep their sink mass, the ablated one has none.
+  score = analyze(m, {"prepend": seqs["prepend"]}, options=FAST).stats["sink_score"][0]
+  kept = np.delete(score, heads[0][1])
+  np.testing.assert_allclose(iv["sink_ablate"]["sink_mass_after"][0], kept.sum() / len(score), rtol=1e-5)
+
+
+def test_bad_inputs():
+  m = model_lib.create(small_config())
+  with pytest.raises(ValueError, match="main policy"):
+    analyze(m, {"none": sequences()["none"]}, options=FAST)
+  with pytest.raises(ValueError, match=r"\[N >= 2, T\]"):
+    analyze(m, {"prepend": sequences()["prepend"][:1]}, options=FAST)
+  learned = model_lib.create(small_config("learned"))
+  with pytest.raises(ValueError, match="exceed the 16 learned positions"):
+    analyze(learned, sequences(t=20), options=FAST)
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+  d = tmp_path_factory.mktemp("run")
+  train(small_config(**{"data.name": "synthetic", "data.synthetic_docs": 200}), str(d))
+  return d
+
+
+def test_cli_writes_every_output(run_dir, tmp_path):
+  out = tmp_path / "analysis"
+  r = subprocess.run([sys.executable, "analyze.py", f"--workdir={run_dir}", f"--out={out}", "--num_sequences=8",
+                      "--batch_size=4"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+  assert r.returncode == 0, r.stderr[-3000:]
+  names = set(os.listdir(out))
+  assert {"summary.json", "stats.npz", "report.md", "log_z.png", "sink_mass.png", "position0.png", "fingerprint.png",
+          "components.png", "interventions.png"} <= names
+  s = json.loads((out / "summary.json").read_text())
+  L = 2
+  assert len(s["sink_rate"]) == L and len(s["fingerprint"]["bos"]) == L + 1 and len(s["fingerprint"]["no_bos"]) == L + 1
+  for key in ("causal_mask", "residual_stream", "causal_mask_early", "residual_stream_early"):
+    assert len(s["components"][key]) == L
+  assert s["closedness_max_abs_diff"] == 0.0 and s["meta"]["step"] == 4
+  for name in ("bos_replace", "pos0_patch", "sink_ablate"):
+    assert name in s["interventions"]
+  stats = np.load(out / "stats.npz")
+  assert stats["tokens"].shape == (8, 16) and (stats["tokens"][:, 0] == BOS_ID).all()
+  assert stats["log_z"].shape == (L, 4, 16) and stats["sink_mass"].shape == (L, 4, 16)
+  assert stats["log_visible"].shape == (16,) and stats["pos0_norm"].shape == (L + 1,)
+  assert "![log_z.png](log_z.png)" in (out / "report.md").read_text()
+  cmp = subprocess.run([sys.executable, "analyze.py", "--compare", str(out), str(out), f"--out={tmp_path / 'cmp'}"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+  assert cmp.returncode == 0, cmp.stderr[-2000:]
+  assert "| 2 |" in (tmp_path / "cmp" / "comparison.md").read_text()
+
+
+def test_cli_bad_inputs_write_nothing(run_dir, tmp_path):
+  def fails(*args, match):
+    r = subprocess.run([sys.executable, "analyze.py", *args], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode != 0 and match in r.stderr, r.stderr[-2000:]
+  fails(f"--workdir={tmp_path / 'missing'}", match="does not exist")
+  fails(f"--workdir={tmp_path}", match="is not an abspos_jax run")
+  fails(f"--workdir={run_dir}", "--step=3", f"--out={tmp_path / 'a'}", match="available steps: [2, 4]")
+  fails(f"--workdir={run_dir}", "--num_sequences=0", f"--out={tmp_path / 'b'}", match="--num_sequences must be >= 2")
+  fails(f"--workdir={run_dir}", "--seq_len=64", f"--out={tmp_path / 'c'}", match="longer than the 16 tokens")
+  (tmp_path / "file").write_text("x")
+  fails(f"--workdir={run_dir}", f"--out={tmp_path / 'file' / 'analysis'}", match="cannot write there")
+  assert sorted(os.listdir(tmp_path)) == ["file"]
+
+
+@pytest.mark.slow
+def test_checkpoint_from_8_devices_analyses_on_one(tmp_path):
+  env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
+  cmd = [sys.executable, "train.py", "--config=configs/rope.py", f"--workdir={tmp_path}",
+         "--config.mesh.shape=(2,2,2)", "--config.mesh.axes=('data','fsdp','tensor')", "--config.model.num_layers=2",
+         "--config.model.d_model=32", "--config.data.seq_len=16", "--config.train.batch_size=8",
+         "--config.train.steps=2", "--config.train.progress=False", "--config.data.name=synthetic",
+         "--config.data.synthetic_docs=200", "--config.data.eval_sequences=8"]
+  r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+  assert r.returncode == 0, r.stderr[-3000:]
+  result = analyze_run(str(tmp_path), num_sequences=8, options=FAST)
+  assert result.summary["closedness_max_abs_diff"] == 0.0
+  assert (tmp_path / "analysis" / "summary.json").exists()
