@@ -1,4 +1,4 @@
-# make install: .venv with the pinned dependencies (idempotent)
+# make install: .venv with the pinned dependencies, the .[hf] extra included (idempotent)
 # make test:    the whole test suite (what CI runs)
 # make demo:    train the tiny model on the offline default data, then analyse it
 PYTHON ?= python3
@@ -32,8 +32,9 @@ demo: install
 # Re-resolve the pins from pyproject.toml's ranges (then run `make test`).
 lock:
 	rm -rf /tmp/abspos_lock && $(PYTHON) -m venv /tmp/abspos_lock
-	/tmp/abspos_lock/bin/pip install --quiet ".[test]"
-	/tmp/abspos_lock/bin/pip freeze --exclude abspos_jax > requirements.lock
+	/tmp/abspos_lock/bin/pip install --quiet ".[test,hf]"
+	# --all keeps setuptools (torch needs a newer one than venv ships); torch is pinned without +cpu
+	/tmp/abspos_lock/bin/pip freeze --all --exclude pip --exclude abspos_jax | sed 's/^torch==\(.*\)+cpu$$/torch==\1/' > requirements.lock
 
 clean:
 	rm -rf $(VENV) runs

@@ -3,8 +3,10 @@ r"""Analyse a trained run, or compare analysed runs.
     python analyze.py --workdir=runs/rope [--step=N] [--out=runs/rope/analysis] \
         [--num_sequences=256] [--split=validation]
     python analyze.py --compare runs/rope runs/ntk runs/swa [--out=comparison]
+    python analyze.py --hf=HF_DIR [--out=HF_DIR/analysis] [--seq_len=128]  # Llama / Mistral / Qwen2
 
-Writes summary.json, stats.npz, PNG figures and report.md (see docs/analysis.md).
+Writes summary.json, stats.npz, PNG figures and report.md (see docs/analysis.md;
+--hf: docs/interop.md).
 """
 
 import sys
@@ -20,6 +22,9 @@ _SEQ_LEN = flags.DEFINE_integer("seq_len", None, "Tokens per sequence (default a
 _BATCH = flags.DEFINE_integer("batch_size", 32, "Sequences per jitted pass.")
 _NO_INTERVENTIONS = flags.DEFINE_bool("skip_interventions", False, "Skip the intervention sweep.")
 _COMPARE = flags.DEFINE_bool("compare", False, "Compare the analysed runs given as arguments.")
+_HF = flags.DEFINE_string("hf", None, "A local Hugging Face checkpoint directory (Llama, Mistral or Qwen2 "
+                          "safetensors with tokenizer.json) to analyse instead of a run; --seq_len defaults to "
+                          "128 (or max_position_embeddings if shorter).")
 
 
 def main(argv):
@@ -34,22 +39,32 @@ def main(argv):
     return
   if len(argv) > 1:
     sys.exit(f"error: unexpected arguments {argv[1:]} (did you mean --compare?)")
-  if not _WORKDIR.value:
-    sys.exit("error: --workdir is required (or --compare DIR1 DIR2 ...)")
-  from abspos_jax.analysis import AnalysisOptions, analyze_run
+  from abspos_jax import distributed
+  if distributed.requested():  # one of N processes (abspos_jax.launch, SLURM, a TPU pod)
+    distributed.initialize()
+  if _HF.value and (_WORKDIR.value or _STEP.value is not None):
+    sys.exit("error: --hf analyses a Hugging Face checkpoint; it takes no --workdir or --step")
+  if not _WORKDIR.value and not _HF.value:
+    sys.exit("error: --workdir is required (or --hf=HF_DIR, or --compare DIR1 DIR2 ...)")
+  from abspos_jax.analysis import AnalysisOptions, analyze_hf, analyze_run
   try:
     if _BATCH.value < 1:
       raise ValueError(f"--batch_size must be >= 1, got {_BATCH.value}")
-    result = analyze_run(_WORKDIR.value, step=_STEP.value, out=_OUT.value, num_sequences=_NUM.value,
-                         split=_SPLIT.value, seq_len=_SEQ_LEN.value,
-                         options=AnalysisOptions(batch_size=_BATCH.value, interventions=not _NO_INTERVENTIONS.value))
+    options = AnalysisOptions(batch_size=_BATCH.value, interventions=not _NO_INTERVENTIONS.value)
+    if _HF.value:
+      result = analyze_hf(_HF.value, out=_OUT.value, num_sequences=_NUM.value, split=_SPLIT.value,
+                          seq_len=_SEQ_LEN.value, options=options)
+    else:
+      result = analyze_run(_WORKDIR.value, step=_STEP.value, out=_OUT.value, num_sequences=_NUM.value,
+                           split=_SPLIT.value, seq_len=_SEQ_LEN.value, options=options)
   except (ValueError, FileNotFoundError, PermissionError) as e:
     sys.exit(f"error: {e}")
-  out = _OUT.value or f"{_WORKDIR.value}/analysis"
+  out = _OUT.value or f"{_HF.value or _WORKDIR.value}/analysis"
   s = result.summary
-  print(f"wrote {out}: summary.json, stats.npz, report.md and figures")
-  print(f"  residual-stream share (pooled / early): {s['components']['pooled']['residual_stream']:.3f} / "
-        f"{s['components']['pooled_early']['residual_stream']:.3f}; max sink score {s['sink_score_max']:.3f}")
+  if distributed.is_writer():
+    print(f"wrote {out}: summary.json, stats.npz, report.md and figures")
+    print(f"  residual-stream share (pooled / early): {s['components']['pooled']['residual_stream']:.3f} / "
+          f"{s['components']['pooled_early']['residual_stream']:.3f}; max sink score {s['sink_score_max']:.3f}")
 
 
 if __name__ == "__main__":

@@ -7,6 +7,12 @@ also returns ``log Z_i``. The analysis reads logits, weights and ``log Z`` from
 this same path through hook points. Training may instead take the fused
 ``jax.nn.dot_product_attention`` path (``model.attention_impl = "fused"``),
 which computes the same function.
+
+Grouped-query attention (``num_kv_heads`` dividing ``num_heads``): query head
+``n`` reads key/value head ``n // G`` with ``G = num_heads / num_kv_heads``
+(the Hugging Face ``repeat_kv`` order). Logits, weights and ``log Z`` are
+still per *query* head, ``[B, H, T, T]``, so every hook and estimator sees the
+same shapes with or without GQA.
 """
 
 import jax
@@ -19,10 +25,30 @@ from abspos_jax.layers import param
 from abspos_jax.rope import apply_rope
 
 
+def _grouped(q: jax.Array, num_kv_heads: int) -> jax.Array:
+  """``q [B, T, H, d_h] -> [B, T, K, H/K, d_h]``: query head ``n`` in group ``n // (H/K)``."""
+  b, t, h, d = q.shape
+  if h % num_kv_heads:
+    raise ValueError(f"{num_kv_heads} key/value heads do not divide {h} query heads")
+  return q.reshape(b, t, num_kv_heads, h // num_kv_heads, d)
+
+
 def attention_logits(q: jax.Array, k: jax.Array) -> jax.Array:
-  """``s [B, H, Tq, Tk] = q . k / sqrt(d_h)`` in float32 from ``q [B, Tq, H, d_h]``, ``k [B, Tk, H, d_h]``."""
-  s = jnp.einsum("bthk,bshk->bhts", q, k, preferred_element_type=jnp.float32)
-  return s * (q.shape[-1] ** -0.5)
+  """``s [B, H, Tq, Tk] = q . k / sqrt(d_h)`` in float32 from ``q [B, Tq, H, d_h]``, ``k [B, Tk, K, d_h]``.
+
+  ``K`` (key heads) divides ``H``; query head ``n`` is scored against key head ``n // (H/K)``.
+  """
+  b, tq, h, d = q.shape
+  s = jnp.einsum("btkgd,bskd->bkgts", _grouped(q, k.shape[2]), k, preferred_element_type=jnp.float32)
+  return s.reshape(b, h, tq, k.shape[1]) * (d ** -0.5)
+
+
+def attend(weights: jax.Array, v: jax.Array) -> jax.Array:
+  """``out [B, Tq, H, d_h] = sum_j a_ij v_j`` from ``weights [B, H, Tq, Tk]`` and ``v [B, Tk, K, d_h]``."""
+  b, h, tq, tk = weights.shape
+  kv = v.shape[2]
+  a = weights.reshape(b, kv, h // kv, tq, tk)
+  return jnp.einsum("bkgts,bskd->btkgd", a, v).reshape(b, tq, h, v.shape[-1])
 
 
 def masked_softmax(logits: jax.Array, mask: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
@@ -43,13 +69,20 @@ def masked_softmax(logits: jax.Array, mask: jax.Array) -> tuple[jax.Array, jax.A
 
 
 class Attention(nnx.Module):
-  """Multi-head self-attention with RoPE (optional) and an optional sliding window."""
+  """Multi-head (or grouped-query) self-attention with RoPE (optional) and an optional sliding window.
+
+  Parameters: ``wq [D, H, d_h]``, ``wk, wv [D, K, d_h]``, ``wo [H, d_h, D]``;
+  with ``qkv_bias`` also ``bq [H, d_h]`` and ``bk, bv [K, d_h]`` (zeros at init),
+  added before RoPE as in Qwen2.
+  """
 
   def __init__(
       self,
       d_model: int,
       num_heads: int,
       *,
+      num_kv_heads: int | None = None,
+      qkv_bias: bool = False,
       window: int | None,
       rope_base: float | None,
       impl: str,
@@ -60,10 +93,18 @@ class Attention(nnx.Module):
       rngs: nnx.Rngs,
   ):
     head_dim = d_model // num_heads
+    kv = num_kv_heads or num_heads
+    if num_heads % kv:
+      raise ValueError(f"num_kv_heads={kv} must divide num_heads={num_heads}")
     self.wq = param(rngs, (d_model, num_heads, head_dim), ("embed", "heads", "head_dim"), std, param_dtype)
-    self.wk = param(rngs, (d_model, num_heads, head_dim), ("embed", "heads", "head_dim"), std, param_dtype)
-    self.wv = param(rngs, (d_model, num_heads, head_dim), ("embed", "heads", "head_dim"), std, param_dtype)
+    self.wk = param(rngs, (d_model, kv, head_dim), ("embed", "kv_heads", "head_dim"), std, param_dtype)
+    self.wv = param(rngs, (d_model, kv, head_dim), ("embed", "kv_heads", "head_dim"), std, param_dtype)
     self.wo = param(rngs, (num_heads, head_dim, d_model), ("heads", "head_dim", "embed"), out_std, param_dtype)
+    if qkv_bias:
+      self.bq = nnx.Param(jnp.zeros((num_heads, head_dim), param_dtype), logical_axes=("heads", "head_dim"))
+      self.bk = nnx.Param(jnp.zeros((kv, head_dim), param_dtype), logical_axes=("kv_heads", "head_dim"))
+      self.bv = nnx.Param(jnp.zeros((kv, head_dim), param_dtype), logical_axes=("kv_heads", "head_dim"))
+    self.qkv_bias = qkv_bias
     self.window = window
     self.rope_base = rope_base
     self.impl = impl
@@ -75,6 +116,10 @@ class Attention(nnx.Module):
     q = jnp.einsum("btd,dhk->bthk", x, self.wq[...].astype(self.dtype))
     k = jnp.einsum("btd,dhk->bthk", x, self.wk[...].astype(self.dtype))
     v = jnp.einsum("btd,dhk->bthk", x, self.wv[...].astype(self.dtype))
+    if self.qkv_bias:
+      q = q + self.bq[...].astype(self.dtype)
+      k = k + self.bk[...].astype(self.dtype)
+      v = v + self.bv[...].astype(self.dtype)
     if self.rope_base is not None:
       q = apply_rope(q, positions, self.rope_base)
       k = apply_rope(k, positions, self.rope_base)
@@ -90,5 +135,5 @@ class Attention(nnx.Module):
           s, a, log_z = masked_softmax(edited, mask)
         log_z = hooks(f"{name}.log_z", log_z)
         a = hooks(f"{name}.weights", a)
-      out = jnp.einsum("bhts,bshk->bthk", a.astype(self.dtype), v)
+      out = attend(a.astype(self.dtype), v)
     return jnp.einsum("bthk,hkd->btd", out, self.wo[...].astype(self.dtype))

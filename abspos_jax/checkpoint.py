@@ -2,14 +2,15 @@
 
 Each step directory holds four items: ``params`` and ``opt_state`` (sharded
 arrays; every process writes its shards), ``data`` (the grain iterator state,
-one JSON file per process) and ``meta`` (step and resolved config, JSON).
+JSON) and ``meta`` (step and resolved config, JSON). The iterator state is the
+number of global batches consumed, the same in every process whatever their
+count, so a checkpoint written by N processes resumes under any other number.
 Orbax writes to a temporary directory and renames it when complete, so a
 partial save is never listed as a step.
 """
 
 import os
 
-import grain
 import jax
 import ml_collections
 import orbax.checkpoint as ocp
@@ -25,6 +26,7 @@ def manager(workdir: str, ckpt: ml_collections.ConfigDict | None = None, *, read
       enable_async_checkpointing=bool(ckpt is not None and ckpt.async_save),
       read_only=read_only,
       create=not read_only,
+      cleanup_tmp_directories=not read_only,  # a save killed half-way leaves a tmp dir: never a step
   )
   path = os.path.abspath(os.path.join(workdir, "checkpoints"))
   return ocp.CheckpointManager(path, options=options, item_names=("params", "opt_state", "data", "meta"))
@@ -36,7 +38,7 @@ def save(mgr: ocp.CheckpointManager, step: int, params, opt_state, data_iter,
   mgr.save(step, args=ocp.args.Composite(
       params=ocp.args.StandardSave(params),
       opt_state=ocp.args.StandardSave(opt_state),
-      data=grain.checkpoint.CheckpointSave(data_iter),
+      data=ocp.args.JsonSave(data_iter.get_state()),
       meta=ocp.args.JsonSave({"step": int(step), "config": config_lib.to_dict(config)}),
   ), force=True)
 
@@ -53,9 +55,10 @@ def restore(mgr: ocp.CheckpointManager, step: int, abstract_params, abstract_opt
   r = mgr.restore(step, args=ocp.args.Composite(
       params=ocp.args.StandardRestore(abstract_params),
       opt_state=ocp.args.StandardRestore(abstract_opt_state),
-      data=grain.checkpoint.CheckpointRestore(data_iter),
+      data=ocp.args.JsonRestore(),
   ))
-  return r.params, r.opt_state, r.data
+  data_iter.set_state(r.data)
+  return r.params, r.opt_state, data_iter
 
 
 def restore_params(mgr: ocp.CheckpointManager, step: int, abstract_params):
@@ -94,7 +97,7 @@ def load_model(workdir: str, step: int | None = None, device: jax.Device | None 
   step = max(steps) if step is None else step
   if step not in steps:
     raise ValueError(f"--step {step} is not in {workdir}/checkpoints; available steps: {sorted(steps)}")
-  device = device or jax.devices()[0]
+  device = device or jax.local_devices()[0]
   abstract = nnx.eval_shape(lambda: model_lib.create(config))
   graphdef, abstract_params = nnx.split(abstract, nnx.Param)
   target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=jax.sharding.SingleDeviceSharding(device)),
@@ -102,6 +105,7 @@ def load_model(workdir: str, step: int | None = None, device: jax.Device | None 
   try:
     params = restore_params(mgr, step, target)
   except Exception as e:  # orbax raises several types for a shape or structure mismatch
-    raise ValueError(f"checkpoint {workdir}/checkpoints/{step} does not match the model of its config.json: {e}") from e
+    raise ValueError(f"checkpoint {workdir}/checkpoints/{step} cannot be restored (damaged files, or a model shape "
+                     f"other than its config.json's): {str(e).splitlines()[0][:500]}") from e
   mgr.close()
   return config, nnx.merge(graphdef, params), step

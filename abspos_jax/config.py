@@ -19,13 +19,15 @@ BOS_POLICIES = ("prepend", "none")
 MESH_AXES = ("data", "fsdp", "tensor")
 DTYPES = ("float32", "bfloat16")
 ATTENTION_IMPLS = ("xla", "fused")
+NONFINITE_POLICIES = ("stop", "skip")
 
 # Fields that may change between a run and its resumption: they change how a
 # run is observed or laid out, not what it computes.
 RESUMABLE_FIELDS = (
-    "train.log_every", "train.eval_every", "train.progress", "train.peak_flops", "train.stop_at_step",
+    "train.log_every", "train.eval_every", "train.progress", "train.peak_flops", "train.stop_at_step", "train.nonfinite",
     "checkpoint.every", "checkpoint.keep", "checkpoint.async_save",
     "data.data_dir", "mesh.shape", "mesh.axes", "mesh.rules", "distributed.enabled",
+    "distributed.coordinator_address", "distributed.num_processes", "distributed.process_id",
 )
 
 
@@ -92,6 +94,12 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None) 
   if m.position in ("rope", "ntk", "swa") and head_dim % 2:
     _fail("model.num_heads", f"must leave an even head dimension for RoPE (d_model/num_heads={head_dim})",
           m.num_heads)
+  if m.num_kv_heads < 0 or (m.num_kv_heads and m.num_heads % m.num_kv_heads):
+    _fail("model.num_kv_heads", f"must be 0 (= num_heads) or divide model.num_heads={m.num_heads}", m.num_kv_heads)
+  if not isinstance(m.qkv_bias, bool):
+    _fail("model.qkv_bias", "must be True or False", m.qkv_bias)
+  if m.norm_eps <= 0:
+    _fail("model.norm_eps", "must be > 0", m.norm_eps)
   if m.position == "ntk" and head_dim <= 2:
     _fail("model.num_heads", f"must leave a head dimension > 2 for NTK scaling (got d_h={head_dim})", m.num_heads)
   if m.rope_base <= 0:
@@ -121,6 +129,8 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None) 
   for field in ("steps", "batch_size", "grad_accum", "log_every", "eval_every"):
     if t[field] < 1:
       _fail(f"train.{field}", "must be >= 1", t[field])
+  if t.nonfinite not in NONFINITE_POLICIES:
+    _fail("train.nonfinite", f"must be one of {', '.join(NONFINITE_POLICIES)}", t.nonfinite)
   if t.learning_rate <= 0:
     _fail("train.learning_rate", "must be > 0", t.learning_rate)
   if t.warmup_steps < 0:
@@ -165,7 +175,13 @@ def resolve_mesh_shape(config: ml_collections.ConfigDict, num_devices: int | Non
 
 
 def diff(stored: dict, current: dict) -> list[tuple[str, Any, Any]]:
-  """Fields (outside :data:`RESUMABLE_FIELDS`) whose values differ: ``[(field, stored, current)]``."""
+  """Fields (outside :data:`RESUMABLE_FIELDS`) whose values differ: ``[(field, stored, current)]``.
+
+  A field that ``stored`` lacks (it was added to ``configs/base.py`` after that
+  run was saved) counts as its base default, which keeps the old behaviour.
+  """
   a, b = dict(flatten(_normalise(stored))), dict(flatten(_normalise(current)))
+  defaults = dict(flatten(to_dict(base_config())))
+  a = {**{name: defaults[name] for name in b if name not in a and name in defaults}, **a}
   return [(name, a.get(name), b.get(name)) for name in sorted(set(a) | set(b))
           if name not in RESUMABLE_FIELDS and a.get(name) != b.get(name)]

@@ -4,8 +4,9 @@ Training FLOPs per token (PaLM appendix B convention, also levanter's):
 
     6 * N_matmul + 12 * L * T * D
 
-``N_matmul = L * (4 D^2 + 3 D F) + D V`` counts the weights that take part in
-matrix multiplies (attention q, k, v, o; SwiGLU gate, up, down; the
+``N_matmul = L * (2 D^2 + 2 D K d_h + 3 D F) + D V`` counts the weights that
+take part in matrix multiplies (attention q and o, k and v with ``K`` key/value
+heads, ``K d_h = D`` without grouped-query attention; SwiGLU gate, up, down; the
 unembedding, tied or not; an embedding lookup is no matmul). ``12 L T D``
 counts the attention scores and the weighted sum of values over all ``T`` keys
 (forward ``4 T D`` per layer, backward twice that), without discounting the
@@ -30,7 +31,8 @@ KNOWN_PEAKS = {
 
 def matmul_params(spec: ModelSpec) -> int:
   d, f, layers = spec.d_model, spec.mlp_dim, spec.num_layers
-  return layers * (4 * d * d + 3 * d * f) + d * spec.vocab_size
+  kv = spec.kv_heads * spec.head_dim  # k and v project to kv_heads * d_h (< d with grouped-query attention)
+  return layers * (2 * d * d + 2 * d * kv + 3 * d * f) + d * spec.vocab_size
 
 
 def train_flops_per_token(spec: ModelSpec, seq_len: int) -> float:

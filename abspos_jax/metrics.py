@@ -1,7 +1,9 @@
 """Metric logging: ``metrics.jsonl`` (one JSON object per logged step) and TensorBoard events.
 
-Only process 0 writes. On resume, records past the restored step are dropped
-so the file reads as one uninterrupted run.
+Only process 0 writes. Records are appended and flushed one line at a time;
+on resume the file is rewritten (temp file + rename) without the records past
+the restored step and without a line a crash cut short, so it reads as one
+uninterrupted run.
 """
 
 import json
@@ -18,8 +20,7 @@ class MetricsWriter:
     if not self.enabled:
       return
     if resume_step is not None and os.path.exists(self.path):
-      with open(self.path) as f:
-        kept = [line for line in f if line.strip() and json.loads(line)["step"] <= resume_step]
+      kept = [json.dumps(r) + "\n" for r in read_metrics(workdir) if r["step"] <= resume_step]
       tmp = self.path + ".tmp"
       with open(tmp, "w") as f:
         f.writelines(kept)
@@ -46,6 +47,15 @@ class MetricsWriter:
 
 
 def read_metrics(workdir: str) -> list[dict]:
-  """All records of ``workdir/metrics.jsonl`` in order."""
+  """All complete records of ``workdir/metrics.jsonl`` in order.
+
+  A line cut short by a crash mid-write is not a record and is skipped.
+  """
+  records = []
   with open(os.path.join(workdir, "metrics.jsonl")) as f:
-    return [json.loads(line) for line in f if line.strip()]
+    for line in f:
+      try:
+        records.append(json.loads(line))
+      except json.JSONDecodeError:
+        continue
+  return records

@@ -3,8 +3,10 @@
 Token embedding (plus learned absolute positions for ``position="learned"``),
 ``num_layers`` pre-norm blocks of RMSNorm -> attention -> residual add ->
 RMSNorm -> SwiGLU -> residual add, a final RMSNorm and the unembedding (tied to
-the embedding or not). No biases. The position scheme only changes what the
-attention does with positions:
+the embedding or not). No biases by default; ``qkv_bias`` adds the q/k/v biases
+of Qwen2-style checkpoints, and ``num_kv_heads < num_heads`` gives grouped-query
+attention (both exist so that imported Hugging Face models run exactly). The
+position scheme only changes what the attention does with positions:
 
 - ``rope``: RoPE with ``rope_base``;
 - ``ntk``: RoPE with the NTK-aware base ``rope_base * ntk_alpha ** (d_h/(d_h-2))``;
@@ -49,17 +51,27 @@ class ModelSpec:
   dtype: str
   param_dtype: str
   attention_impl: str
+  # Fields added after the first runs were saved: a stored config.json without
+  # them gets these defaults (today's behaviour) when it is loaded.
+  num_kv_heads: int = 0
+  qkv_bias: bool = False
 
   @classmethod
   def from_config(cls, config: ml_collections.ConfigDict) -> "ModelSpec":
     m = config.model
     mlp_dim = m.mlp_dim or -(-8 * m.d_model // 3 // 64) * 64
-    fields = {f.name: m[f.name] for f in dataclasses.fields(cls) if f.name not in ("mlp_dim", "max_len")}
+    fields = {f.name: m.get(f.name, f.default) if f.default is not dataclasses.MISSING else m[f.name]
+              for f in dataclasses.fields(cls) if f.name not in ("mlp_dim", "max_len")}
     return cls(mlp_dim=mlp_dim, max_len=m.max_len or config.data.seq_len, **fields)
 
   @property
   def head_dim(self) -> int:
     return self.d_model // self.num_heads
+
+  @property
+  def kv_heads(self) -> int:
+    """Key/value heads: ``num_kv_heads``, or ``num_heads`` when it is 0 (plain multi-head attention)."""
+    return self.num_kv_heads or self.num_heads
 
   def attention_base(self) -> float | None:
     """The RoPE base used by every layer, or None without RoPE."""
@@ -85,8 +97,9 @@ class Block(nnx.Module):
     out_std = spec.init_std / (2 * spec.num_layers) ** 0.5  # GPT-2 style: keep the residual variance O(1)
     self.attn_norm = RMSNorm(spec.d_model, eps=spec.norm_eps, param_dtype=pdtype)
     self.attn = Attention(
-        spec.d_model, spec.num_heads, window=window, rope_base=spec.attention_base(), impl=spec.attention_impl,
-        std=spec.init_std, out_std=out_std, param_dtype=pdtype, dtype=dtype, rngs=rngs)
+        spec.d_model, spec.num_heads, num_kv_heads=spec.kv_heads, qkv_bias=spec.qkv_bias, window=window,
+        rope_base=spec.attention_base(), impl=spec.attention_impl, std=spec.init_std, out_std=out_std,
+        param_dtype=pdtype, dtype=dtype, rngs=rngs)
     self.mlp_norm = RMSNorm(spec.d_model, eps=spec.norm_eps, param_dtype=pdtype)
     self.mlp = SwiGLU(spec.d_model, spec.mlp_dim, std=spec.init_std, out_std=out_std, param_dtype=pdtype,
                       dtype=dtype, rngs=rngs)

@@ -1,7 +1,7 @@
 """Optimizer: AdamW with linear warmup, cosine decay and global-norm clipping.
 
 Weight decay applies to matrices only (``ndim >= 2``: projections and
-embeddings), never to RMSNorm scales.
+embeddings), never to RMSNorm scales or the optional q/k/v biases.
 """
 
 import jax
@@ -17,8 +17,14 @@ def learning_rate_schedule(train: ml_collections.ConfigDict) -> optax.Schedule:
       decay_steps=max(train.steps, warmup + 1), end_value=train.learning_rate * train.end_lr_fraction)
 
 
+BIASES = ("bq", "bk", "bv")  # [heads, head_dim]: two axes, but biases all the same
+
+
 def decay_mask(params):
-  return jax.tree.map(lambda p: p.ndim >= 2, params)
+  def decays(path, p) -> bool:
+    names = {getattr(k, "key", None) for k in path}
+    return p.ndim >= 2 and not names & set(BIASES)
+  return jax.tree_util.tree_map_with_path(decays, params)
 
 
 def make_optimizer(train: ml_collections.ConfigDict) -> optax.GradientTransformation:

@@ -6,9 +6,14 @@ logging to ``metrics.jsonl`` and TensorBoard and checkpointing with orbax.
 Rerunning the same command resumes from the latest complete checkpoint.
 """
 
+import errno
 import json
 import logging
 import os
+import shutil
+import signal
+import sys
+import threading
 import time
 
 import jax
@@ -16,7 +21,7 @@ import ml_collections
 import numpy as np
 from flax import nnx
 
-from abspos_jax import checkpoint, data, flops, model as model_lib, sharding
+from abspos_jax import checkpoint, data, distributed, flops, model as model_lib, sharding
 from abspos_jax import config as config_lib
 from abspos_jax.metrics import MetricsWriter
 from abspos_jax.optim import learning_rate_schedule, make_optimizer
@@ -64,6 +69,64 @@ def init_state(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, tx):
   return graphdef, params, opt_state, param_sh, opt_sh
 
 
+class NonFiniteError(FloatingPointError):
+  """A NaN or Inf loss or gradient under ``train.nonfinite = "stop"``."""
+
+
+class StopRequest:
+  """Turns SIGTERM / SIGINT into a request to checkpoint and exit after the current step."""
+
+  def __init__(self):
+    self.signal_name: str | None = None
+    self._previous = {}
+
+  def __enter__(self) -> "StopRequest":
+    if threading.current_thread() is threading.main_thread():  # handlers can only be set there
+      for sig in (signal.SIGTERM, signal.SIGINT):
+        self._previous[sig] = signal.signal(sig, self._handle)
+    return self
+
+  def _handle(self, signum, frame) -> None:
+    if self.signal_name is not None:  # a second Ctrl-C: stop now
+      raise KeyboardInterrupt
+    self.signal_name = signal.Signals(signum).name
+
+  def __exit__(self, *exc) -> None:
+    for sig, handler in self._previous.items():
+      signal.signal(sig, handler)
+
+
+def is_disk_full(e: BaseException) -> bool:
+  """ENOSPC, as Python raises it or as tensorstore (orbax's writer) reports it."""
+  return (isinstance(e, OSError) and e.errno == errno.ENOSPC) or "No space left on device" in str(e)
+
+
+def restore_latest(mgr, workdir: str, abstract_params, abstract_opt_state, make_iter):
+  """Restore the newest checkpoint that restores; move unreadable ones to ``corrupt_checkpoints/``.
+
+  Orbax only lists complete checkpoints (a write killed half-way stays a
+  temporary directory), so what fails here is a damaged file. Nothing is
+  deleted: the damaged step is moved aside with a warning, so a later save of
+  that step number does not collide with it. Returns ``(step, params,
+  opt_state, data_iter)``, with ``step = 0`` and ``None`` s when nothing restores.
+  """
+  for step in sorted(mgr.all_steps(), reverse=True):
+    data_iter = make_iter()
+    try:
+      params, opt_state, data_iter = checkpoint.restore(mgr, step, abstract_params, abstract_opt_state, data_iter)
+      return step, params, opt_state, data_iter
+    except Exception as e:  # orbax, tensorstore and json raise many types for a damaged file
+      src = os.path.join(workdir, "checkpoints", str(step))
+      dst = os.path.join(workdir, "corrupt_checkpoints", f"{step}-{int(time.time())}")
+      log.warning("checkpoint %s cannot be restored (%s: %s); moved to %s, trying an older one",
+                  src, type(e).__name__, str(e).splitlines()[0][:300], dst)
+      if jax.process_index() == 0:
+        os.makedirs(os.path.dirname(dst), exist_ok=True)
+        shutil.move(src, dst)
+      mgr.reload()
+  return 0, None, None, make_iter()
+
+
 def _progress(config, start: int):
   if not (config.train.progress and jax.process_index() == 0):
     return None
@@ -73,11 +136,14 @@ def _progress(config, start: int):
 
 def train(config: ml_collections.ConfigDict, workdir: str) -> dict:
   """Train (or resume) the run of ``config`` in ``workdir``; returns the last logged metrics."""
-  if config.distributed.enabled:
-    jax.distributed.initialize()
+  if distributed.requested(config):
+    distributed.initialize(config)
   config_lib.validate(config)
-  os.makedirs(workdir, exist_ok=True)
-  check_workdir(config, workdir)
+  try:
+    os.makedirs(workdir, exist_ok=True)
+    check_workdir(config, workdir)
+  except OSError as e:
+    raise OSError(e.errno, f"--workdir {workdir} cannot be used: {e.strerror or e}") from e
 
   mesh = sharding.make_mesh(config)
   rules = config.mesh.rules
@@ -88,15 +154,16 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> dict:
 
   t = config.train
   seq_len = config.data.seq_len
-  data_iter = data.train_iterator(
-      config.data, batch_size=t.batch_size // jax.process_count(), seed=t.seed,
-      process_index=jax.process_index(), process_count=jax.process_count())
+  def make_iter():
+    return data.train_iterator(
+        config.data, batch_size=t.batch_size // jax.process_count(), seed=t.seed,
+        process_index=jax.process_index(), process_count=jax.process_count())
+
   mgr = checkpoint.manager(workdir, config.checkpoint)
-  start = mgr.latest_step() or 0
+  start, r_params, r_opt, data_iter = restore_latest(
+      mgr, workdir, checkpoint.abstract_like(params, param_sh), checkpoint.abstract_like(opt_state, opt_sh), make_iter)
   if start:
-    params, opt_state, data_iter = checkpoint.restore(
-        mgr, start, checkpoint.abstract_like(params, param_sh), checkpoint.abstract_like(opt_state, opt_sh),
-        data_iter)
+    params, opt_state = r_params, r_opt
     log.info("resumed from step %d of %s", start, workdir)
   writer = MetricsWriter(workdir, resume_step=start if start else None)
 
@@ -107,8 +174,10 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> dict:
   dp = sharding.data_parallel_size(mesh, rules)
   n_eval = max(dp, config.data.eval_sequences // dp * dp)
   eval_tokens = data.eval_sequences(config.data, num_sequences=n_eval)
+  per_process = n_eval // jax.process_count()
   eval_batch = jax.make_array_from_process_local_data(
-      batch_sh, eval_tokens[jax.process_index()::jax.process_count()], eval_tokens.shape)
+      batch_sh, eval_tokens[jax.process_index() * per_process:(jax.process_index() + 1) * per_process],
+      eval_tokens.shape)
 
   flops_per_token = flops.train_flops_per_token(spec, seq_len)
   peak = flops.peak_flops_per_device(t.peak_flops)
@@ -116,39 +185,93 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> dict:
   tokens_per_step = t.batch_size * seq_len
   bar = _progress(config, start)
   last: dict = {}
+  skipped = 0
+  saved = start
+
+  def check_finite(step_: int, finite) -> None:
+    nonlocal skipped
+    if bool(finite):
+      return
+    if t.nonfinite == "skip":
+      skipped += 1
+      log.warning("non-finite loss or gradient at step %d: batch skipped (%d so far)", step_, skipped)
+      return
+    raise NonFiniteError(
+        f"non-finite loss or gradient at step {step_}: the update was not applied and training stopped; "
+        f"the last checkpoint (step {saved}) is untouched. Rerun to resume from it, or set "
+        f"--config.train.nonfinite=skip to drop such batches")
+
+  def save(step_: int) -> None:
+    nonlocal saved
+    checkpoint.save(mgr, step_, params, opt_state, data_iter, config)
+    saved = step_
+
+  def disk_full(e: BaseException, step_: int) -> OSError:
+    mgr.reload()
+    return OSError(errno.ENOSPC, f"no space left on the device of {workdir} at step {step_}; the complete "
+                   f"checkpoints {mgr.all_steps()} are intact (a partial one is never listed): free space and "
+                   f"rerun the same command to resume")
+
+  pending = None  # (step, finite flag) of the previous step, checked one step late to keep dispatch async
   window_start, window_steps = time.perf_counter(), 0
-  for step in range(start + 1, t.steps + 1):
-    local = next(data_iter)["tokens"]
-    tokens = jax.make_array_from_process_local_data(batch_sh, local, (t.batch_size, seq_len + 1))
-    params, opt_state, metrics = train_step(params, opt_state, tokens)
-    window_steps += 1
+  step = start
+  try:
+    with StopRequest() as stop:
+      for step in range(start + 1, t.steps + 1):
+        local = next(data_iter)["tokens"]
+        tokens = jax.make_array_from_process_local_data(batch_sh, local, (t.batch_size, seq_len + 1))
+        params, opt_state, metrics = train_step(params, opt_state, tokens)
+        if pending is not None:
+          check_finite(*pending)
+        pending = (step, metrics["finite"])
+        window_steps += 1
+        if bar is not None:
+          bar.update(1)
+        stopping = step == t.stop_at_step or stop.signal_name is not None
+        if step % t.log_every == 0 or step == t.steps or stopping:
+          check_finite(*pending)
+          pending = None
+          metrics = jax.device_get(metrics)
+          elapsed = time.perf_counter() - window_start
+          tps = window_steps * tokens_per_step / elapsed
+          last = {"loss": metrics["loss"], "grad_norm": metrics["grad_norm"], "learning_rate": schedule(step - 1),
+                  "tokens_per_s": tps, "tokens_per_s_per_device": tps / jax.device_count(),
+                  "tflops_per_device": tps * flops_per_token / jax.device_count() / 1e12,
+                  "mfu": tps * flops_per_token / jax.device_count() / peak, "tokens": step * tokens_per_step,
+                  "skipped_steps": skipped}
+          if step % t.eval_every == 0 or step == t.steps:
+            last["val_loss"] = float(eval_step(params, eval_batch))
+          writer.write(step, last)
+          if bar is not None:
+            bar.set_postfix(loss=f"{last['loss']:.3f}", tok_s=f"{tps:,.0f}", mfu=f"{last['mfu']:.1%}")
+          window_start, window_steps = time.perf_counter(), 0
+        if step % config.checkpoint.every == 0 or step == t.steps or stopping:
+          if pending is not None:
+            check_finite(*pending)
+            pending = None
+          save(step)
+        if stopping:
+          why = f"on {stop.signal_name}" if stop.signal_name else "as train.stop_at_step asks"
+          log.warning("stopped after step %d %s, checkpoint saved; rerun the same command to resume", step, why)
+          break
+  except Exception as e:
+    if is_disk_full(e):
+      raise disk_full(e, step) from e
+    raise
+  finally:
+    # Also on an error or a stop: a checkpoint being written asynchronously must land.
+    failing = sys.exc_info()[0] is not None
+    try:
+      mgr.wait_until_finished()
+    except Exception as e:
+      if failing:
+        log.warning("finishing checkpoint %d failed: %s", saved, str(e)[:300])
+      elif is_disk_full(e):
+        raise disk_full(e, saved) from e
+      else:
+        raise
+    mgr.close()
+    writer.close()
     if bar is not None:
-      bar.update(1)
-    if step % t.log_every == 0 or step == t.steps:
-      metrics = jax.device_get(metrics)
-      elapsed = time.perf_counter() - window_start
-      tps = window_steps * tokens_per_step / elapsed
-      last = {"loss": metrics["loss"], "grad_norm": metrics["grad_norm"], "learning_rate": schedule(step - 1),
-              "tokens_per_s": tps, "tokens_per_s_per_device": tps / jax.device_count(),
-              "tflops_per_device": tps * flops_per_token / jax.device_count() / 1e12,
-              "mfu": tps * flops_per_token / jax.device_count() / peak, "tokens": step * tokens_per_step}
-      if not np.isfinite(last["loss"]):
-        raise FloatingPointError(f"non-finite loss {last['loss']} at step {step}; last checkpoint kept")
-      if step % t.eval_every == 0 or step == t.steps:
-        last["val_loss"] = float(eval_step(params, eval_batch))
-      writer.write(step, last)
-      if bar is not None:
-        bar.set_postfix(loss=f"{last['loss']:.3f}", tok_s=f"{tps:,.0f}", mfu=f"{last['mfu']:.1%}")
-      window_start, window_steps = time.perf_counter(), 0
-    stopping = step == t.stop_at_step
-    if step % config.checkpoint.every == 0 or step == t.steps or stopping:
-      checkpoint.save(mgr, step, params, opt_state, data_iter, config)
-    if stopping:
-      log.info("stopped after step %d as train.stop_at_step asks; rerun the same command to resume", step)
-      break
-  mgr.wait_until_finished()
-  mgr.close()
-  writer.close()
-  if bar is not None:
-    bar.close()
+      bar.close()
   return last

@@ -27,7 +27,11 @@ def make_loss_fn(graphdef: nnx.GraphDef) -> Callable[[nnx.State, jax.Array], jax
 
 
 def make_train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, grad_accum: int = 1):
-  """``step(params, opt_state, tokens) -> (params, opt_state, {"loss", "grad_norm"})``."""
+  """``step(params, opt_state, tokens) -> (params, opt_state, {"loss", "grad_norm", "finite"})``.
+
+  When the loss or the gradient norm is not finite, params and optimizer state
+  come back unchanged and ``finite`` is False.
+  """
   grad_fn = jax.value_and_grad(make_loss_fn(graphdef))
 
   def step(params, opt_state, tokens):
@@ -43,9 +47,15 @@ def make_train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, gr
       zeros = (jnp.zeros((), jnp.float32), jax.tree.map(jnp.zeros_like, params))
       (loss, grads), _ = jax.lax.scan(body, zeros, micro)
       loss, grads = jax.tree.map(lambda x: x / grad_accum, (loss, grads))
-    updates, opt_state = tx.update(grads, opt_state, params)
-    params = optax.apply_updates(params, updates)
-    return params, opt_state, {"loss": loss, "grad_norm": optax.global_norm(grads)}
+    grad_norm = optax.global_norm(grads)
+    updates, new_opt_state = tx.update(grads, opt_state, params)
+    new_params = optax.apply_updates(params, updates)
+    # A non-finite loss or gradient never reaches the weights: the step is a no-op
+    # and the loop decides (train.nonfinite) whether to stop or go on.
+    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+    keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
+    return keep(new_params, params), keep(new_opt_state, opt_state), {
+        "loss": loss, "grad_norm": grad_norm, "finite": finite}
 
   return step
 

@@ -15,6 +15,8 @@ def get_config() -> ml_collections.ConfigDict:
   m.num_layers = 4
   m.d_model = 128
   m.num_heads = 4
+  m.num_kv_heads = 0  # key/value heads (grouped-query attention); must divide num_heads; 0: num_heads
+  m.qkv_bias = False  # biases on the q, k and v projections (Qwen2-style checkpoints)
   m.mlp_dim = 0  # 0: SwiGLU hidden size 8/3 * d_model rounded up to a multiple of 64
   m.vocab_size = 259  # byte-level: 256 bytes + BOS, EOS, PAD
   m.max_len = 0  # positions a `learned` model embeds; 0: data.seq_len
@@ -63,6 +65,7 @@ def get_config() -> ml_collections.ConfigDict:
   t.eval_every = 200
   t.peak_flops = 0.0  # per-device peak FLOP/s for MFU; 0: a measured matmul peak of this device
   t.progress = True
+  t.nonfinite = "stop"  # a NaN/Inf loss or gradient: stop (naming the step) | skip (drop that batch, go on)
   t.stop_at_step = 0  # > 0: checkpoint and exit after this step (time-sliced jobs); rerun to go on
 
   c.checkpoint = k = ml_collections.ConfigDict()
@@ -80,6 +83,7 @@ def get_config() -> ml_collections.ConfigDict:
       ("vocab", "tensor"),
       ("embed", "fsdp"),
       ("heads", "tensor"),
+      ("kv_heads", "tensor"),
       ("head_dim", None),
       ("mlp", "tensor"),
       ("norm", None),
@@ -87,5 +91,8 @@ def get_config() -> ml_collections.ConfigDict:
   )
 
   c.distributed = x = ml_collections.ConfigDict()
-  x.enabled = False  # True: call jax.distributed.initialize() (TPU pods, SLURM, env vars)
+  x.enabled = False  # True: join a multi-process run (see abspos_jax/distributed.py); also implied by JAX_NUM_PROCESSES
+  x.coordinator_address = ""  # "": $JAX_COORDINATOR_ADDRESS or JAX's cluster detection
+  x.num_processes = 0  # 0: $JAX_NUM_PROCESSES or detected
+  x.process_id = -1  # -1: $JAX_PROCESS_ID or detected
   return c

@@ -65,6 +65,24 @@ def test_mesh_must_match_devices():
   refused(c, r"config\.mesh\.axes must be distinct names from data, fsdp, tensor", num_devices=8)
 
 
+def test_kv_heads_must_divide_heads():
+  refused(small_config(**{"model.num_kv_heads": 3}), r"config\.model\.num_kv_heads must be 0 \(= num_heads\) or divide")
+  refused(small_config(**{"model.num_kv_heads": -1}), r"config\.model\.num_kv_heads")
+  validate(small_config(**{"model.num_kv_heads": 2, "model.qkv_bias": True}), 1)
+
+
+def test_norm_eps_positive():
+  refused(small_config(**{"model.norm_eps": 0.0}), r"config\.model\.norm_eps must be > 0")
+
+
+def test_diff_takes_fields_added_later_at_their_default():
+  """A run saved before a field existed resumes: the missing field counts as its (behaviour-keeping) default."""
+  stored = to_dict(small_config())
+  del stored["model"]["num_kv_heads"], stored["model"]["qkv_bias"]
+  assert diff(stored, to_dict(small_config())) == []
+  assert diff(stored, to_dict(small_config(**{"model.num_kv_heads": 2}))) == [("model.num_kv_heads", 0, 2)]
+
+
 def test_text_files_need_files():
   refused(small_config(**{"data.name": "text_files"}), r"config\.data\.files must list paths")
 

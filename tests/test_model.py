@@ -110,3 +110,34 @@ def test_learned_positions_and_ntk_base_are_used():
 def test_layer_pattern():
   spec = model_lib.ModelSpec.from_config(small_config("swa", **{"model.num_layers": 5, "model.layer_pattern": "LG"}))
   assert spec.layer_windows() == (4, None, 4, None, 4)
+
+
+@pytest.mark.parametrize("position", ["rope", "swa"])
+def test_grouped_query_attention_and_biases(position):
+  """GQA (2 kv heads for 4 query heads) with q/k/v biases: fused == explicit, and hooks stay per query head."""
+  gqa = {"model.num_kv_heads": 2, "model.qkv_bias": True}
+  explicit = model_lib.create(small_config(position, **gqa))
+  fused = model_lib.create(small_config(position, **gqa, **{"model.attention_impl": "fused"}))
+  for m in (explicit, fused):
+    for block in m.blocks:
+      block.attn.bq[...] = jax.random.normal(jax.random.key(1), block.attn.bq.shape)
+      block.attn.bk[...] = jax.random.normal(jax.random.key(2), block.attn.bk.shape)
+  assert explicit.blocks[0].attn.wk.shape == (32, 2, 8) and explicit.blocks[0].attn.bv.shape == (2, 8)
+  np.testing.assert_allclose(fused(tokens(4)), explicit(tokens(4)), atol=2e-5)
+  hooks = Hooks(capture=["blocks.1.attn.logits"])
+  explicit(tokens(4), hooks=hooks)
+  assert hooks.cache["blocks.1.attn.logits"].shape == (2, 4, T, T)
+
+
+def test_gqa_equals_multi_head_with_repeated_kv_heads():
+  """Query head n reads kv head n // (H/K): GQA is MHA whose k/v heads are repeated in that order."""
+  gqa = model_lib.create(small_config(**{"model.num_kv_heads": 2}))
+  mha = model_lib.create(small_config())
+  for a, b in zip(gqa.blocks, mha.blocks):
+    b.attn.wq[...], b.attn.wo[...] = a.attn.wq[...], a.attn.wo[...]
+    b.attn.wk[...] = jnp.repeat(a.attn.wk[...], 2, axis=1)
+    b.attn.wv[...] = jnp.repeat(a.attn.wv[...], 2, axis=1)
+    for name in ("attn_norm", "mlp_norm", "mlp"):
+      setattr(b, name, getattr(a, name))
+  mha.embed[...] = gqa.embed[...]
+  np.testing.assert_allclose(gqa(tokens(5)), mha(tokens(5)), atol=1e-5)

@@ -83,14 +83,14 @@ def test_grad_accumulation_matches_one_big_batch(tmp_path):
 
 @pytest.mark.slow
 def test_demo_learns(tmp_path):
-  """A shorter `make demo`: 150 steps of configs/tiny.py on stdlib text go well below the byte unigram entropy.
+  """A shorter `make demo`: 100 steps of configs/tiny.py on stdlib text go well below the byte unigram entropy.
 
   The README quotes the full demo (400 steps): validation loss about 1.48 nats/byte.
   """
   r = subprocess.run([sys.executable, "train.py", "--config=configs/tiny.py", f"--workdir={tmp_path}",
-                      "--config.train.steps=150", "--config.train.eval_every=150", "--config.train.progress=False"],
+                      "--config.train.steps=100", "--config.train.eval_every=100", "--config.train.progress=False"],
                      cwd=ROOT, capture_output=True, text=True, timeout=900)
   assert r.returncode == 0, r.stderr[-3000:]
   records = read_metrics(tmp_path)
   assert records[0]["loss"] > 3.0  # starts near log(259) = 5.56, falls fast
-  assert records[-1]["val_loss"] < 2.3
+  assert records[-1]["val_loss"] < 2.4  # byte unigram entropy of Python source is about 3 nats

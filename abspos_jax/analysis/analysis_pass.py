@@ -72,12 +72,16 @@ def attention_features(logits: jax.Array, log_z: jax.Array, visible: jax.Array) 
   return f.transpose(0, 1, 3, 2, 4).reshape(b, l, t, h * k)
 
 
-def init_accumulators(spec, seq_len: int, user: Mapping[str, Statistic]) -> dict:
-  """Zero accumulators for a baseline pass over sequences of ``seq_len`` tokens."""
+def init_accumulators(spec, seq_len: int, user: Mapping[str, Statistic], num_groups: int | None = None) -> dict:
+  """Zero accumulators for a baseline pass over sequences of ``seq_len`` tokens.
+
+  ``num_groups``: how many distinct first tokens the fingerprint groups by
+  (see ``x0_groups`` of :func:`make_baseline_step`); default ``vocab_size``.
+  """
   L, H, D = spec.num_layers, spec.num_heads, spec.d_model
   return {"denominators": denominators.init(L, H, seq_len),
           "leakage": leakage.init(L, H, seq_len),
-          "position0": position0.init(L, D, spec.vocab_size),
+          "position0": position0.init(L, D, spec.vocab_size if num_groups is None else num_groups),
           "probe_resid": probes.init(L + 1, D),
           "probe_attn": probes.init(L, len(ATTENTION_FEATURES) * H),
           "closedness": jnp.zeros((L + 1,), jnp.float32),
@@ -85,8 +89,15 @@ def init_accumulators(spec, seq_len: int, user: Mapping[str, Statistic]) -> dict
           "user": {name: stat.init() for name, stat in user.items()}}
 
 
-def make_baseline_step(graphdef: nnx.GraphDef, visible: jax.Array, user: Mapping[str, Statistic]):
-  """``step(params, acc, tokens [B, T], seq_ids [B]) -> acc`` for the unmodified model."""
+def make_baseline_step(graphdef: nnx.GraphDef, visible: jax.Array, user: Mapping[str, Statistic],
+                       x0_groups: jax.Array | None = None):
+  """``step(params, acc, tokens [B, T], seq_ids [B]) -> acc`` for the unmodified model.
+
+  ``x0_groups [V]`` int maps a first token to its fingerprint group (a dense
+  index over the first tokens that occur), so the per-group accumulator is
+  ``[groups, L+1, D]`` rather than ``[V, L+1, D]`` (gigabytes for a 32k-150k
+  vocabulary); None groups by the token id itself.
+  """
   extra = tuple(sorted({p for stat in user.values() for p in stat.points}))
 
   def step(params, acc, tokens, seq_ids):
@@ -99,7 +110,8 @@ def make_baseline_step(graphdef: nnx.GraphDef, visible: jax.Array, user: Mapping
     out = {
         "denominators": denominators.update(acc["denominators"], cap["logits"], cap["log_z"], visible),
         "leakage": leakage.update(acc["leakage"], cap["logits"], cap["log_z"], seq_ids, visible),
-        "position0": position0.update(acc["position0"], cap["resid"], tokens),
+        "position0": position0.update(acc["position0"], cap["resid"],
+                                      tokens if x0_groups is None else x0_groups[tokens[:, :1]]),
         "probe_resid": probes.update(acc["probe_resid"], cap["resid"], seq_ids),
         "probe_attn": probes.update(acc["probe_attn"], attention_features(cap["logits"], cap["log_z"], visible),
                                     seq_ids),

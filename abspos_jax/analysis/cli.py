@@ -1,9 +1,12 @@
-"""``analyze_run``: restore a run, build its evaluation sequences, analyse, write the outputs."""
+"""``analyze_run`` and ``analyze_hf``: load a model, build its evaluation sequences, analyse, write the outputs."""
 
 import dataclasses
 import os
 
+import ml_collections
+
 from abspos_jax import checkpoint, data
+from abspos_jax.data import builders
 from abspos_jax.analysis import outputs
 from abspos_jax.analysis.run import AnalysisOptions, AnalysisResult, analyze
 
@@ -28,6 +31,66 @@ def analyze_run(workdir: str, *, step: int | None = None, out: str | None = None
     sequences[policy] = seqs[:, :seq_len]  # the model's inputs
   result = analyze(model, sequences, main=config.data.bos, options=options)
   meta = {"workdir": os.path.abspath(workdir), "step": int(step), "data": config.data.name, "split": split,
+          "options": dataclasses.asdict(options)}
+  outputs.write(out, result.summary, result.stats, meta)
+  return result
+
+
+def analyze_hf(hf_dir: str, *, out: str | None = None, num_sequences: int = 256, split: str = "validation",
+               seq_len: int | None = None, data_cfg: ml_collections.ConfigDict | None = None,
+               bos_replace_token: int | None = None,
+               options: AnalysisOptions = AnalysisOptions()) -> AnalysisResult:
+  """Analyse a local Llama / Mistral / Qwen2 checkpoint ``hf_dir``; write to ``out`` (default ``hf_dir/analysis``).
+
+  The texts are the documents of ``data_cfg`` (default: the offline
+  ``stdlib_text`` data) tokenised with the checkpoint's own ``tokenizer.json``,
+  documents separated by its EOS. Its BOS convention (``interop.hf.bos_convention``)
+  picks the main policy: ``prepend`` (its BOS at position 0) when its tokenizer
+  adds one, else ``none``; the other policy is analysed too when a BOS id is
+  known. ``bos_replace_token`` (default: the token the tokenizer gives ``"\\n"``,
+  else ``options.bos_replace_token``) is the "another token" of ``bos_replace``.
+  ``seq_len`` defaults to 128 tokens, or ``max_position_embeddings`` when that
+  is shorter. Needs the ``.[hf]`` extra; refuses unsupported checkpoints naming
+  the field.
+  """
+  from abspos_jax.interop import hf
+
+  if num_sequences < 2:
+    raise ValueError(f"--num_sequences must be >= 2 (the held-out estimators need two halves), got {num_sequences}")
+  if split not in ("train", "validation"):
+    raise ValueError(f"--split must be train or validation, got {split!r}")
+  hf_config = hf.read_config(hf_dir)
+  if seq_len is None:
+    seq_len = min(128, hf_config.get("max_position_embeddings") or 128)
+  if seq_len < 2:
+    raise ValueError(f"--seq_len must be >= 2, got {seq_len}")
+  config = hf.config_from_hf(hf_config, seq_len=seq_len, where=os.path.join(hf_dir, hf.CONFIG))
+  tok = hf.load_tokenizer(hf_dir)  # before the weights: a missing tokenizer is refused cheaply
+  out = out or os.path.join(hf_dir, "analysis")
+  outputs.check_writable(out)
+  model = hf.params_from_hf(hf.load_safetensors(hf_dir), config, where=hf_dir)
+  conv = hf.bos_convention(hf_dir, tok, hf_config)
+  if data_cfg is None:
+    data_cfg = config.data  # base defaults: stdlib_text
+  prepared = builders.prepare_dataset(data_cfg)
+  source = prepared.source(split)
+  texts = (bytes(source[i][prepared.text_key]).decode("utf-8", errors="replace") for i in range(len(source)))
+  stream = hf.token_stream(tok, texts, conv.eos_id)
+  sequences = hf.analysis_sequences(stream, num_sequences=num_sequences, seq_len=seq_len, conv=conv,
+                                    vocab_size=model.spec.vocab_size)
+  if bos_replace_token is None:
+    newline = tok.encode("\n", add_special_tokens=False).ids
+    bos_replace_token = newline[0] if len(newline) == 1 else options.bos_replace_token
+  if not 0 <= bos_replace_token < model.spec.vocab_size:
+    raise ValueError(f"bos_replace_token {bos_replace_token} is not a token id of this model "
+                     f"(vocab_size {model.spec.vocab_size})")
+  options = dataclasses.replace(options, bos_replace_token=int(bos_replace_token))
+  main = "prepend" if conv.adds else "none"
+  result = analyze(model, sequences, main=main, options=options)
+  meta = {"workdir": os.path.abspath(hf_dir), "source": "hf", "model_type": hf_config.get("model_type"),
+          "position": config.model.position, "data": data_cfg.name, "split": split,
+          "tokenizer": {"bos_id": conv.bos_id, "adds_bos": conv.adds, "eos_id": conv.eos_id, "from": conv.source,
+                        "stream_tokens": int(len(stream))},
           "options": dataclasses.asdict(options)}
   outputs.write(out, result.summary, result.stats, meta)
   return result

@@ -9,6 +9,7 @@ import os
 import shutil
 import tempfile
 
+import jax
 import numpy as np
 
 from abspos_jax.analysis import figures, report
@@ -25,6 +26,9 @@ def check_writable(out: str) -> None:
 
 
 def write(out: str, summary: dict, stats: dict, meta: dict) -> None:
+  """Write everything (process 0 only: in a multi-process run every process holds the same results)."""
+  if jax.process_index() != 0:
+    return
   parent = os.path.dirname(os.path.abspath(out))
   tmp = tempfile.mkdtemp(prefix=".analysis-", dir=parent)
   try:

@@ -140,10 +140,14 @@ def analyze(model: Decoder, sequences: Mapping[str, np.ndarray], *, main: str = 
   design = fixed_effects.make_design(visible)
   L = spec.num_layers
 
-  baseline_step = jax.jit(make_baseline_step(graphdef, visible, statistics))
+  # Fingerprint groups: one per first token that occurs, not one per vocabulary entry.
+  first_tokens = np.unique(np.concatenate([np.asarray(t)[:, 0] for t in sequences.values()]))
+  x0_groups = np.zeros(spec.vocab_size, np.int32)
+  x0_groups[first_tokens] = np.arange(len(first_tokens))
+  baseline_step = jax.jit(make_baseline_step(graphdef, visible, statistics, jnp.asarray(x0_groups)))
   finals = {}
   for policy, toks in sequences.items():
-    acc = init_accumulators(spec, seq_len, statistics)
+    acc = init_accumulators(spec, seq_len, statistics, num_groups=len(first_tokens))
     acc = _sweep(lambda a, t, s: baseline_step(params, a, t, s), acc, toks, options, f"analysis[{policy}]")
     den = denominators.finalize(acc["denominators"], visible)
     finals[policy] = {

@@ -55,6 +55,8 @@ def _write_stream(source: Any, text_key: str, path: Path) -> None:
       pieces = []
       for example in source.__getitems__(range(start, min(start + _READ_CHUNK, len(source)))):
         text = example[text_key]
+        if text is None:  # what array_record hands back for a record past a truncation
+          raise RuntimeError(f"a record of {text_key!r} is missing")
         text = text.encode("utf-8") if isinstance(text, str) else text
         if not isinstance(text, bytes):
           raise ValueError(f"data.text_key={text_key!r} holds {type(text).__name__}, not text")
@@ -80,7 +82,15 @@ def token_stream(data_cfg: Any, split: str = "train") -> np.ndarray:
   if not path.exists():
     with builders.file_lock(cache / f"{tfds_split}.lock"):
       if not path.exists():
-        _write_stream(prepared.source(split), prepared.text_key, path)
+        try:
+          _write_stream(prepared.source(split), prepared.text_key, path)
+        except ValueError:
+          raise
+        except Exception as e:  # array_record raises RuntimeError and friends for a damaged shard
+          raise ValueError(
+              f"the {split} split of data.name={data_cfg.name!r} cannot be read from its array_record files "
+              f"under {prepared.data_dir} ({type(e).__name__}: {str(e).splitlines()[0][:300]}); the prepared data "
+              f"is damaged: delete that directory to rebuild it") from e
   if path.stat().st_size == 0:  # mmap refuses empty files
     return np.zeros(0, np.uint16)
   return np.memmap(path, dtype=np.uint16, mode="r")

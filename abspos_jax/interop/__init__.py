@@ -1,0 +1,1 @@
+"""Interop with other tools' model formats (needs the optional ``.[hf]`` extra; imported lazily)."""
