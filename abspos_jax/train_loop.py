@@ -21,20 +21,13 @@ import ml_collections
 import numpy as np
 from flax import nnx
 
-from abspos_jax import checkpoint, data, distributed, flops, model as model_lib, sharding
+from abspos_jax import atomic, checkpoint, data, distributed, flops, model as model_lib, sharding
 from abspos_jax import config as config_lib
 from abspos_jax.metrics import MetricsWriter
 from abspos_jax.optim import learning_rate_schedule, make_optimizer
 from abspos_jax.train_step import make_eval_step, make_train_step
 
 log = logging.getLogger("abspos_jax")
-
-
-def write_json_atomic(path: str, obj) -> None:
-  tmp = f"{path}.tmp.{os.getpid()}"
-  with open(tmp, "w") as f:
-    json.dump(obj, f, indent=2, sort_keys=True)
-  os.replace(tmp, path)
 
 
 def check_workdir(config: ml_collections.ConfigDict, workdir: str) -> None:
@@ -51,7 +44,7 @@ def check_workdir(config: ml_collections.ConfigDict, workdir: str) -> None:
           f"{workdir} holds a run with a different config; resume only with the same config, "
           f"or choose another --workdir. Differing fields:\n{lines}")
   if jax.process_index() == 0:
-    write_json_atomic(path, current)
+    atomic.write_json(path, current)
 
 
 def init_state(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, tx):

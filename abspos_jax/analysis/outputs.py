@@ -6,12 +6,12 @@ Everything goes to a temporary sibling directory first, which then replaces
 
 import json
 import os
-import shutil
 import tempfile
 
 import jax
 import numpy as np
 
+from abspos_jax import atomic
 from abspos_jax.analysis import figures, report
 
 
@@ -29,22 +29,10 @@ def write(out: str, summary: dict, stats: dict, meta: dict) -> None:
   """Write everything (process 0 only: in a multi-process run every process holds the same results)."""
   if jax.process_index() != 0:
     return
-  parent = os.path.dirname(os.path.abspath(out))
-  tmp = tempfile.mkdtemp(prefix=".analysis-", dir=parent)
-  try:
+  with atomic.directory(out, ".analysis-") as tmp:
     with open(os.path.join(tmp, "summary.json"), "w") as f:
       json.dump({"meta": meta, **summary}, f, indent=1)
     np.savez_compressed(os.path.join(tmp, "stats.npz"), **stats)
     names = figures.all_figures(summary, stats, tmp)
     with open(os.path.join(tmp, "report.md"), "w") as f:
       f.write(report.render(summary, meta, names))
-    if os.path.exists(out):
-      old = tempfile.mkdtemp(prefix=".analysis-old-", dir=parent)
-      os.replace(out, os.path.join(old, "previous"))
-      os.replace(tmp, out)
-      shutil.rmtree(old)
-    else:
-      os.replace(tmp, out)
-  except BaseException:
-    shutil.rmtree(tmp, ignore_errors=True)
-    raise

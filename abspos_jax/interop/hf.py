@@ -26,8 +26,6 @@ and torch are only used by the tests, to check parity.
 import dataclasses
 import json
 import os
-import shutil
-import tempfile
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -36,6 +34,7 @@ import ml_collections
 import numpy as np
 from flax import nnx
 
+from abspos_jax import atomic
 from abspos_jax import config as config_lib
 from abspos_jax import model as model_lib
 from abspos_jax.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, VOCAB_SIZE
@@ -539,25 +538,12 @@ def export(config: ml_collections.ConfigDict, model: model_lib.Decoder, out: str
   if os.path.exists(out) and (not os.path.isdir(out) or (os.listdir(out) and not os.path.exists(
       os.path.join(out, CONFIG)))):
     raise FileExistsError(f"--out {out} exists and is not a previous export (no {CONFIG}); choose another --out")
-  parent = os.path.dirname(os.path.abspath(out))
-  os.makedirs(parent, exist_ok=True)
-  tmp = tempfile.mkdtemp(prefix=".export-", dir=parent)
-  try:
+  with atomic.directory(out, ".export-") as tmp:
     with open(os.path.join(tmp, CONFIG), "w") as f:
       json.dump(hf, f, indent=1)
     save_file(params_to_hf(model), os.path.join(tmp, WEIGHTS), metadata={"format": "pt"})
     if model.spec.vocab_size == VOCAB_SIZE:
       write_byte_tokenizer(tmp, add_bos=config.data.bos == "prepend", max_len=hf["max_position_embeddings"])
-    if os.path.exists(out):
-      old = tempfile.mkdtemp(prefix=".export-old-", dir=parent)
-      os.replace(out, os.path.join(old, "previous"))
-      os.replace(tmp, out)
-      shutil.rmtree(old)
-    else:
-      os.replace(tmp, out)
-  except BaseException:
-    shutil.rmtree(tmp, ignore_errors=True)
-    raise
   return hf
 
 
