@@ -61,6 +61,9 @@ def assert_same(a, b):
 
 
 def test_two_processes_match_one_and_checkpoints_cross_over(reference, tmp_path):
+  # 2 processes for the whole run ...
+  two_processes("train.py", f"--workdir={tmp_path / 'c'}", *RUN)
+  assert_same(records(tmp_path / "c"), records(reference))
   # 2 processes for steps 1-2, then 1 process resumes their checkpoint for steps 3-4 ...
   two_processes("train.py", f"--workdir={tmp_path / 'a'}", *RUN, "--config.train.stop_at_step=2")
   r = one_process("train.py", f"--workdir={tmp_path / 'a'}", *RUN)
