@@ -64,10 +64,12 @@ def forward(model: Decoder, tokens: jax.Array, edits: Mapping[str, Edit] | None 
           **{p: c[p] for p in extra_points}}
 
 
-def attention_features(logits: jax.Array, log_z: jax.Array, visible: jax.Array) -> jax.Array:
-  """Per layer and query, :data:`ATTENTION_FEATURES` of every head: ``[B, L, T, 4 H]``."""
-  q = denominators.query_statistics(logits, log_z, visible)
-  f = jnp.stack([q[name] for name in ATTENTION_FEATURES], -1)  # [B, L, H, T, 4]
+def attention_features(stats: dict[str, jax.Array]) -> jax.Array:
+  """Per layer and query, :data:`ATTENTION_FEATURES` of every head: ``[B, L, T, 4 H]``.
+
+  ``stats`` is ``denominators.query_statistics(...)`` (each ``[B, L, H, T]``).
+  """
+  f = jnp.stack([stats[name] for name in ATTENTION_FEATURES], -1)  # [B, L, H, T, 4]
   b, l, h, t, k = f.shape
   return f.transpose(0, 1, 3, 2, 4).reshape(b, l, t, h * k)
 
@@ -107,13 +109,14 @@ def make_baseline_step(graphdef: nnx.GraphDef, visible: jax.Array, user: Mapping
     other = jnp.concatenate([tokens[:, :1], jnp.roll(tokens, 1, axis=0)[:, 1:]], axis=1)
     resid_other = forward(model, other)["resid"]
     n = tokens.shape[0] * (tokens.shape[1] - 1)
+    qstats = denominators.query_statistics(cap["logits"], cap["log_z"], visible)  # once, for two consumers
     out = {
-        "denominators": denominators.update(acc["denominators"], cap["logits"], cap["log_z"], visible),
+        "denominators": denominators.accumulate(acc["denominators"], qstats),
         "leakage": leakage.update(acc["leakage"], cap["logits"], cap["log_z"], seq_ids, visible),
         "position0": position0.update(acc["position0"], cap["resid"],
                                       tokens if x0_groups is None else x0_groups[tokens[:, :1]]),
         "probe_resid": probes.update(acc["probe_resid"], cap["resid"], seq_ids),
-        "probe_attn": probes.update(acc["probe_attn"], attention_features(cap["logits"], cap["log_z"], visible),
+        "probe_attn": probes.update(acc["probe_attn"], attention_features(qstats),
                                     seq_ids),
         "closedness": jnp.maximum(acc["closedness"], position0.closedness_max_abs_diff(cap["resid"], resid_other)),
         "loss_sum": acc["loss_sum"] + lm_loss(cap["output"][:, :-1], tokens[:, 1:]) * n,

@@ -65,8 +65,12 @@ def init(num_layers: int, num_heads: int, seq_len: int) -> dict:
 def update(acc: dict, logits: jax.Array, log_z: jax.Array,
            visible: jax.Array) -> dict:
   """Adds a batch (shapes as in ``query_statistics``)."""
-  stats = query_statistics(logits, log_z, visible)
-  out = dict(n=acc["n"] + logits.shape[0])
+  return accumulate(acc, query_statistics(logits, log_z, visible))
+
+
+def accumulate(acc: dict, stats: dict[str, jax.Array]) -> dict:
+  """Adds a batch's ``query_statistics`` (each ``[B, L, H, T]``), computed once by a caller that also uses them."""
+  out = dict(n=acc["n"] + stats["log_z"].shape[0])
   for q in QUANTITIES:
     x = stats[q].astype(jnp.float32)
     ref = jnp.where(acc["n"] > 0, acc[q]["ref"], x.mean(0))
