@@ -263,8 +263,13 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> dict:
         raise disk_full(e, saved) from e
       else:
         raise
-    mgr.close()
-    writer.close()
+    try:
+      mgr.close()
+      writer.close()
+    except Exception as e:  # e.g. a full disk when flushing TensorBoard events
+      if not failing:
+        raise disk_full(e, saved) if is_disk_full(e) else e
+      log.warning("closing the run after an error failed too: %s", str(e)[:300])
     if bar is not None:
       bar.close()
   return last
