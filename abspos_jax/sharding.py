@@ -68,3 +68,12 @@ def data_parallel_size(mesh: Mesh, rules) -> int:
   spec = batch_sharding(mesh, rules).spec[0]
   axes = () if spec is None else (spec,) if isinstance(spec, str) else spec
   return int(np.prod([mesh.shape[a] for a in axes]))
+
+
+def stacked(shardings):
+  """The shardings of a tree stacked on a new leading axis (one copy per seed), that axis replicated.
+
+  ``PartitionSpec(a, b)`` becomes ``PartitionSpec(None, a, b)``: every device
+  holds the same slices of all copies it held of one.
+  """
+  return jax.tree.map(lambda s: NamedSharding(s.mesh, PartitionSpec(None, *s.spec)), shardings)
