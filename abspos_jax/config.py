@@ -129,6 +129,8 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None) 
   for field in ("steps", "batch_size", "grad_accum", "log_every", "eval_every"):
     if t[field] < 1:
       _fail(f"train.{field}", "must be >= 1", t[field])
+  if not 0 <= t.seed < 2**32:
+    _fail("train.seed", "must be in [0, 2**32)", t.seed)
   if t.nonfinite not in NONFINITE_POLICIES:
     _fail("train.nonfinite", f"must be one of {', '.join(NONFINITE_POLICIES)}", t.nonfinite)
   if t.learning_rate <= 0:

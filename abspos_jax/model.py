@@ -145,7 +145,10 @@ class Decoder(nnx.Module):
     return jnp.einsum("btd,dv->btv", h, w.astype(spec.dtype), preferred_element_type=jnp.float32)
 
 
-def create(config: ml_collections.ConfigDict, seed: int | None = None) -> Decoder:
-  """Build the model of ``config`` with parameters drawn from ``seed`` (default ``train.seed``)."""
+def create(config: ml_collections.ConfigDict, seed: int | jax.Array | None = None) -> Decoder:
+  """Build the model of ``config`` with parameters drawn from ``seed`` (default ``train.seed``).
+
+  ``seed`` may also be a PRNG key: ``jax.random.key(s)`` draws what ``s`` draws.
+  """
   seed = config.train.seed if seed is None else seed
   return Decoder(ModelSpec.from_config(config), rngs=nnx.Rngs(params=seed))

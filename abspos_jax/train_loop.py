@@ -72,12 +72,13 @@ def init_state(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, tx, s
   graphdef, abstract_params = nnx.split(abstract, nnx.Param)
   param_sh = sharding.tree_shardings(abstract_params, mesh, rules)
   opt_sh = sharding.tree_shardings(jax.eval_shape(tx.init, abstract_params), mesh, rules)
+  # The seed is an argument, not a constant: one compiled init serves every seed.
+  init = lambda s: nnx.split(model_lib.create(config, seed=jax.random.key(s)), nnx.Param)[1]
   if seeds is None:
-    params = jax.jit(lambda: nnx.split(model_lib.create(config), nnx.Param)[1], out_shardings=param_sh)()
+    params = jax.jit(init, out_shardings=param_sh)(np.uint32(config.train.seed))
     opt_state = jax.jit(tx.init, out_shardings=opt_sh)(params)
-  else:
-    params = jax.jit(lambda: _stack([nnx.split(model_lib.create(config, seed=s), nnx.Param)[1] for s in seeds]),
-                     out_shardings=sharding.stacked(param_sh))()
+  else:  # one traced init batched over the seeds: the same draws as K separate inits
+    params = jax.jit(jax.vmap(init), out_shardings=sharding.stacked(param_sh))(np.asarray(seeds, np.uint32))
     opt_state = jax.jit(jax.vmap(tx.init), out_shardings=sharding.stacked(opt_sh))(params)
   return graphdef, params, opt_state, param_sh, opt_sh
 

@@ -51,6 +51,12 @@ def test_bos_policy():
   refused(small_config(**{"data.bos": "always"}), r"config\.data\.bos must be one of prepend, none")
 
 
+def test_seed_range():
+  refused(small_config(**{"train.seed": -1}), r"config\.train\.seed must be in \[0, 2\*\*32\), got -1")
+  refused(small_config(**{"train.seed": 2**32}), r"config\.train\.seed must be in")
+  validate(small_config(**{"train.seed": 2**32 - 1}), 1)
+
+
 def test_batch_divisible_by_data_parallel_size():
   refused(small_config(**{"train.batch_size": 6}), r"config\.train\.batch_size .* data-parallel size 4",
           num_devices=4)
