@@ -41,8 +41,8 @@ from abspos_jax.train_step import make_eval_step, make_train_step
 log = logging.getLogger("abspos_jax")
 
 
-def check_workdir(config: ml_collections.ConfigDict, workdir: str) -> None:
-  """Refuse a workdir that holds a run with a different config; record ours otherwise."""
+def check_workdir(config: ml_collections.ConfigDict, workdir: str, record: bool = True) -> None:
+  """Refuse a workdir that holds a run with a different config; record ours otherwise (when ``record``)."""
   path = os.path.join(workdir, "config.json")
   current = config_lib.to_dict(config)
   if os.path.exists(path):
@@ -54,7 +54,7 @@ def check_workdir(config: ml_collections.ConfigDict, workdir: str) -> None:
       raise config_lib.ConfigError(
           f"{workdir} holds a run with a different config; resume only with the same config, "
           f"or choose another --workdir. Differing fields:\n{lines}")
-  if jax.process_index() == 0:
+  if record and jax.process_index() == 0:
     atomic.write_json(path, current)
 
 
@@ -330,10 +330,10 @@ def train_seeds(config: ml_collections.ConfigDict, workdir_template: str, seeds:
   return _train_runs(configs, workdirs)
 
 
-def _open_workdir(config: ml_collections.ConfigDict, workdir: str) -> None:
+def _open_workdir(config: ml_collections.ConfigDict, workdir: str, record: bool) -> None:
   try:
     os.makedirs(workdir, exist_ok=True)
-    check_workdir(config, workdir)
+    check_workdir(config, workdir, record)
   except OSError as e:
     raise OSError(e.errno, f"--workdir {workdir} cannot be used: {e.strerror or e}") from e
 
@@ -346,8 +346,9 @@ def _train_runs(configs: list[ml_collections.ConfigDict], workdirs: list[str]) -
   for c in configs:
     config_lib.validate(c)
   runs = [Run(c, w) for c, w in zip(configs, workdirs)]
-  for run in runs:
-    _open_workdir(run.config, run.workdir)
+  for record in (False, True):  # all checked before any is written: a refusal leaves every directory as it was
+    for run in runs:
+      _open_workdir(run.config, run.workdir, record)
   k = len(runs)
 
   mesh = sharding.make_mesh(config)

@@ -3,11 +3,14 @@
 import json
 import os
 import shutil
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
 from abspos_jax import checkpoint, data, train_step
 from abspos_jax.config import ConfigError
@@ -16,6 +19,7 @@ from abspos_jax.train_loop import NonFiniteError, train, train_seeds
 from conftest import small_config
 
 SEEDS = [0, 1, 2]
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def config(**overrides):
@@ -69,6 +73,11 @@ def test_together_matches_separate_runs(separate, together):
     assert json.loads(open(os.path.join(workdir, "config.json")).read()) == json.loads(
         open(os.path.join(alone_dir, "config.json")).read())
     assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["2", "4", "6"]
+    for step in ("2", "4", "6"):  # its own data position and meta; arrays stored as one run stores them
+      for name in ("data/metadata", "meta/metadata", "params/_METADATA", "params/_sharding", "opt_state/_METADATA",
+                   "opt_state/_sharding"):
+        assert (open(os.path.join(workdir, "checkpoints", step, name)).read()
+                == open(os.path.join(alone_dir, "checkpoints", step, name)).read()), (step, name)
     a, b = read_metrics(alone_dir), read_metrics(workdir)
     assert [m["step"] for m in b] == [1, 2, 3, 4, 5, 6] and set(a[1]) == set(b[1])
     np.testing.assert_allclose(losses(workdir), losses(alone_dir), rtol=1e-5)
@@ -76,7 +85,6 @@ def test_together_matches_separate_runs(separate, together):
     _, model_a, step_a = checkpoint.load_model(str(alone_dir))
     _, model_b, step_b = checkpoint.load_model(workdir)
     assert step_a == step_b == 6
-    from flax import nnx
     jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-7),
                  nnx.state(model_b, nnx.Param), nnx.state(model_a, nnx.Param))
   # the seeds really differ: their own initialisation and data order
@@ -110,12 +118,23 @@ def test_bad_templates_seeds_and_workdirs_are_refused(tmp_path, together):
   template = together[0]
   with pytest.raises(ConfigError, match=r"(?s)s0 holds a run with a different config.*model\.num_layers: stored 2, now 3"):
     train_seeds(config(**{"model.num_layers": 3}), template, SEEDS)
+  with pytest.raises(ConfigError, match=r"(?s)s1 holds a run with a different config"):
+    train_seeds(config(**{"model.num_layers": 3}), template, [5, 1])  # nothing written to the new s5 either
+  assert not os.listdir(run_dir(template, 5))
+  os.rmdir(run_dir(template, 5))
   before = {s: sorted(os.listdir(os.path.join(run_dir(template, s), "checkpoints"))) for s in SEEDS}
   with pytest.raises(ConfigError, match=r"(?s)share no checkpoint step.*s3: none.*up to step 6"):
     train_seeds(config(), template, [0, 1, 3])  # a seed swapped into a trained group
   assert before == {s: sorted(os.listdir(os.path.join(run_dir(template, s), "checkpoints"))) for s in SEEDS}
   assert [m["step"] for m in read_metrics(run_dir(template, 0))] == [1, 2, 3, 4, 5, 6]
   shutil.rmtree(run_dir(template, 3))
+
+
+def test_cli_refuses_a_bad_seed_list(tmp_path):
+  r = subprocess.run([sys.executable, "train.py", "--config=configs/tiny.py", f"--workdir={tmp_path}/s{{seed}}",
+                      "--seeds=0,x"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+  assert r.returncode != 0 and "error: --seeds must be comma-separated integers" in r.stderr, r.stderr[-1500:]
+  assert not os.listdir(tmp_path)
 
 
 def poison(monkeypatch, seed, step):
