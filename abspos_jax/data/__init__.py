@@ -3,7 +3,6 @@
 from abspos_jax.data.backcopy import (
     BackcopyParams,
     backcopy_statistics,
-    expected_statistics,
 )
 from abspos_jax.data.builders import (
     BUILTIN_NAMES,
