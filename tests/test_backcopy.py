@@ -103,18 +103,24 @@ def test_true_model_nll_matches_the_loss_floors():
   # Per document, S - floor * N has mean 0 (renewal reward); check it within its sampling error.
   resid = np.array([x.sum() - ex["loss_floor"] * len(x) for x in nll])
   assert abs(resid.mean()) <= SIGMAS * resid.std() / math.sqrt(len(resid))
-  # Without attention a copy costs -log π(copied symbol): its mean is H(π).
-  ch = backcopy.chain(params)
-  visits = np.linalg.solve((np.eye(params.symbols) - (1 - params.p_end) * (
-      params.p_trigger * np.eye(params.symbols) + (1 - params.p_trigger) * ch.transition)).T, ch.unigram)
-  pi = visits / visits.sum()
-  sym = {c: i for i, c in enumerate(backcopy.SYMBOL_ALPHABET)}
-  cost = np.array([-math.log(pi[sym[d.text[i]]]) for d in sample for i in np.nonzero(d.labels == backcopy.COPY)[0]])
-  assert abs(cost.mean() - ex["copy_entropy_without_attention"]) <= SIGMAS * cost.std() / math.sqrt(len(cost))
   assert ex["bigram_floor"] - ex["loss_floor"] == pytest.approx(
       ex["triggers_per_doc"] * ex["copy_entropy_without_attention"] / 61)
   stats = backcopy.backcopy_statistics(params, num_docs=500)
   assert stats["true_model_nll"] == pytest.approx(sum(x.sum() for x in nll) / sum(len(x) for x in nll))
+
+
+def test_copied_symbols_follow_the_decision_distribution():
+  # Short documents, so π's dependence on the first-symbol law and on p is visible.
+  params = backcopy.BackcopyParams(p_trigger=0.5, mean_len=4)
+  pi = backcopy.decision_distribution(params)
+  sym = {c: i for i, c in enumerate(backcopy.SYMBOL_ALPHABET)}
+  copied = np.array([sym[d.text[i]] for d in docs(params, 2500) for i in np.nonzero(d.labels == backcopy.COPY)[0]])
+  freq = np.bincount(copied, minlength=params.symbols) / len(copied)
+  assert (np.abs(freq - pi) <= SIGMAS * np.sqrt(pi * (1 - pi) / len(copied)) + 1e-12).all()
+  # Without attention a copy costs -log π(copied symbol); its mean is H(π).
+  cost = -np.log(pi[copied])
+  entropy = backcopy.expected_statistics(params)["copy_entropy_without_attention"]
+  assert abs(cost.mean() - entropy) <= SIGMAS * cost.std() / math.sqrt(len(cost))
 
 
 def test_document_nll_refuses_impossible_text():

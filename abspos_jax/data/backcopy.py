@@ -279,6 +279,24 @@ def document_nll(text: str, params: BackcopyParams) -> np.ndarray:
   return -logp
 
 
+def decision_distribution(params: BackcopyParams) -> np.ndarray:
+  """``π``: the distribution of the symbol at a decision point, over all documents.
+
+  Expected visits per document are ``u^T Σ_j ((1-e) S)^j`` with the move per
+  continuation ``S = p I + (1-p) M`` (a trigger+copy pair returns to the same
+  symbol), i.e. ``v = u^T (I - (1-e) S)^-1``, normalised. Triggers ignore the
+  symbol, so ``π`` is also the distribution of the byte a copy repeats: the
+  best prediction of a copy by a model that sees only the trigger.
+
+  Returns:
+    float64 `[symbols]`, summing to 1.
+  """
+  ch, p, e = chain(params), params.p_trigger, params.p_end
+  move = p * np.eye(params.symbols) + (1 - p) * ch.transition
+  visits = np.linalg.solve((np.eye(params.symbols) - (1 - e) * move).T, ch.unigram)
+  return visits / visits.sum()
+
+
 def expected_statistics(params: BackcopyParams) -> dict[str, float]:
   """Exact expectations of the language (formulas in the module docstring).
 
@@ -297,10 +315,7 @@ def expected_statistics(params: BackcopyParams) -> dict[str, float]:
   step_p = np.concatenate([[e], np.full(n_t, (1 - e) * p / n_t), (1 - e) * (1 - p) * ch.successor_p])
   step_entropy = markov.entropy(step_p)
   first_entropy = markov.entropy(ch.unigram)
-  # Expected visits of each symbol at decision points: u^T Σ_j ((1-e) S)^j, S the per-continuation move.
-  move = p * np.eye(params.symbols) + (1 - p) * ch.transition
-  visits = np.linalg.solve((np.eye(params.symbols) - (1 - e) * move).T, ch.unigram)
-  copy_entropy = markov.entropy(visits / visits.sum())
+  copy_entropy = markov.entropy(decision_distribution(params))
   floor = (first_entropy + step_entropy / e) / (length + 1)
   gain = copies * copy_entropy / (length + 1)
   return {
