@@ -123,9 +123,11 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None) 
   if d.seq_len < 2:
     _fail("data.seq_len", "must be >= 2", d.seq_len)
   if not d.name:
-    _fail("data.name", "must name a dataset (stdlib_text, text_files, synthetic or a TFDS dataset)", d.name)
+    _fail("data.name", "must name a dataset (stdlib_text, text_files, synthetic, backcopy or a TFDS dataset)", d.name)
   if d.name == "text_files" and not d.files.strip():
     _fail("data.files", "must list paths or globs (comma-separated) when data.name='text_files'", d.files)
+  if d.name in ("synthetic", "backcopy"):
+    _validate_language(d)
   for field in ("steps", "batch_size", "grad_accum", "log_every", "eval_every"):
     if t[field] < 1:
       _fail(f"train.{field}", "must be >= 1", t[field])
@@ -148,6 +150,18 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None) 
   if micro % data_parallel:
     _fail("train.batch_size", f"must split into train.grad_accum={t.grad_accum} micro-batches each divisible "
           f"by the data-parallel size {data_parallel} (mesh {dict(zip(config.mesh.axes, shape))})", t.batch_size)
+
+
+def _validate_language(d: ml_collections.ConfigDict) -> None:
+  """The knobs of the `synthetic` or `backcopy` language, checked by its own params class."""
+  # Late: the data package imports TFDS, which validating other configs does not need.
+  from abspos_jax.data import backcopy, synthetic  # pylint: disable=g-import-not-at-top
+  if d.synthetic_docs < 1:
+    _fail("data.synthetic_docs", "must be >= 1", d.synthetic_docs)
+  try:
+    (backcopy if d.name == "backcopy" else synthetic).params_from_config(d)
+  except ValueError as e:
+    raise ConfigError(f"config.{e}") from None
 
 
 def resolve_mesh_shape(config: ml_collections.ConfigDict, num_devices: int | None = None) -> tuple[int, ...]:
