@@ -12,7 +12,7 @@ A sweep file is an ml_collections Python file whose ``get_config()`` returns
 - ``overrides``: fields set in every run, nested like ``configs/base.py``
   (``{"train": {"steps": 300}}`` sets ``train.steps``);
 - ``vary``: ``((field, (values...)), ...)``; the runs are the Cartesian product,
-  the first field outermost;
+  the first field outermost (a field also in ``overrides`` takes its values from here);
 - ``analyze``: ``enabled`` and the ``analyze.py`` flags of each run
   (``num_sequences``, ``skip_interventions``, ``batch_size``, ``split``, ``seq_len``);
 - ``seeds_together``: train the runs that differ only in ``train.seed`` as one
@@ -227,8 +227,6 @@ def expand(cfg: ml_collections.ConfigDict, repo: str = REPO) -> Sweep:
     if not (isinstance(pair, (tuple, list)) and len(pair) == 2 and isinstance(pair[1], (tuple, list))):
       raise SweepError(f"sweep.vary[{i}] must be a (field, (values...)) pair, got {pair!r}")
     field = _known_field(pair[0], known, f"sweep.vary[{i}]")
-    if field in overrides:
-      raise SweepError(f"sweep.vary[{i}]: {field} is also set in sweep.overrides; set it in one place")
     if field in dict(vary):
       raise SweepError(f"sweep.vary[{i}]: {field} is varied twice")
     if not pair[1]:
@@ -237,6 +235,8 @@ def expand(cfg: ml_collections.ConfigDict, repo: str = REPO) -> Sweep:
   if cfg.seeds_together not in (True, False):
     raise SweepError(f"sweep.seeds_together must be True or False, got {cfg.seeds_together!r}")
 
+  # A varied field wins over a fixed one, so `--sweep.vary=...` can vary what the file fixes.
+  overrides = {f: v for f, v in overrides.items() if f not in dict(vary)}
   base = config_lib.load_config_file(base_path)
   for field, value in overrides.items():
     _set(base, field, value, "sweep.overrides")
@@ -254,10 +254,10 @@ def expand(cfg: ml_collections.ConfigDict, repo: str = REPO) -> Sweep:
     try:
       config_lib.validate(config, num_devices=_devices(config))
     except config_lib.ConfigError as e:
-      field = next(iter(re.findall(r"config\.([\w.]+)", str(e))), "")
-      source = (f"sweep.vary {field}={varied[field]!r}" if field in varied else
-                f"sweep.overrides {field}={overrides[field]!r}" if field in overrides else f"sweep.base {cfg.base}")
-      raise SweepError(f"run {name} (from {source}): {e}") from e
+      named = dict.fromkeys(f.removeprefix("config.") for f in re.findall(r"[a-z_]+(?:\.[a-z_]+)+", str(e)))
+      sources = [f"sweep.vary {f}={varied[f]!r}" for f in named if f in varied]  # the fields the error names
+      sources += [f"sweep.overrides {f}={overrides[f]!r}" for f in named if f in overrides]
+      raise SweepError(f"run {name} (from {', '.join(sources) or 'sweep.base ' + cfg.base}): {e}") from e
     runs.append(Run(name, varied, config))
   analyze = dict(cfg.analyze.items())
   return Sweep(base=cfg.base, overrides=overrides, vary=tuple(vary), analyze=analyze,
