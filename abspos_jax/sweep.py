@@ -191,15 +191,13 @@ def _with_defaults(cfg: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   for key in SWEEP_FIELDS:
     if key not in cfg:
       continue
-    if key == "analyze":
-      _check_keys(cfg.analyze, ("enabled", *ANALYZE_FLAGS), "sweep.analyze")
-      with out.analyze.unlocked():
-        for k, v in cfg.analyze.items():
-          out.analyze[k] = v
-    elif key == "slurm":
-      _check_keys(cfg.slurm, SLURM_FIELDS, "sweep.slurm")
-      for k, v in cfg.slurm.items():
-        out.slurm[k] = v
+    if key in ("analyze", "slurm"):
+      _check_keys(cfg[key], ("enabled", *ANALYZE_FLAGS) if key == "analyze" else SLURM_FIELDS, f"sweep.{key}")
+      for k, v in cfg[key].items():
+        try:
+          out[key][k] = v
+        except TypeError as e:
+          raise SweepError(f"sweep.{key}.{k}={v!r} has the wrong type ({e})") from e
     else:
       with out.ignore_type():
         out[key] = cfg[key]
@@ -602,7 +600,8 @@ def main() -> None:
   launch = flags.DEFINE_enum("launch", "local", LAUNCHES, "local: run here; print: write commands.sh; "
                              "slurm: write an array-job script.")
   dry_run = flags.DEFINE_bool("dry_run", False, "Say what would run; write and run nothing.")
-  only = flags.DEFINE_string("only", None, "Only the runs whose name contains this string.")
+  only = flags.DEFINE_string("only", None, "Only the runs whose name contains this string (with seeds_together: "
+                             "their whole seed groups).")
   python = flags.DEFINE_string("python", "python", "Interpreter named in commands.sh (local runs use this one's).")
 
   def run(argv):

@@ -146,6 +146,10 @@ def test_unknown_sweep_fields_are_refused():
   with pytest.raises(SweepError, match=r"sweep\.analyze\.step is not a sweep field; allowed: enabled, num_sequences"):
     sweep_lib.expand(c)
   c = sweep_cfg(())
+  c.analyze = ml_collections.ConfigDict({"num_sequences": "64"})  # a file that builds its own
+  with pytest.raises(SweepError, match=r"sweep\.analyze\.num_sequences='64' has the wrong type"):
+    sweep_lib.expand(c)
+  c = sweep_cfg(())
   c.slurm.gpus = 2
   with pytest.raises(SweepError, match=r"sweep\.slurm\.gpus is not a sweep field"):
     sweep_lib.expand(c)
