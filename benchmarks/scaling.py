@@ -14,6 +14,7 @@ with the attention scores and softmax dropped (projections kept: the output is
 """
 
 import argparse
+import os
 import time
 from collections.abc import Callable
 
@@ -110,7 +111,7 @@ def main() -> None:
       a = analysis_row(layers, t, batch, args.repeats)
       record["analysis"].append(a)
       print(a, flush=True)
-  record["machine_after"] = {"load_avg": [round(x, 2) for x in __import__("os").getloadavg()]}
+  record["machine_after"] = {"load_avg": [round(x, 2) for x in os.getloadavg()]}
   analysis = {(a["layers"], a["seq_len"]): a["analysis_ms"] for a in record["analysis"]}
   rows = []
   for r in record["train"]:
