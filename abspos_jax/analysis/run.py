@@ -23,7 +23,7 @@ from abspos_jax.analysis import denominators, fixed_effects, interventions, leak
 from abspos_jax.analysis.analysis_pass import (Statistic, forward, init_accumulators, make_baseline_step,
                                                make_intervention_step)
 from abspos_jax.analysis.fixed_effects import FEDesign
-from abspos_jax.model import Decoder
+from abspos_jax.model import Decoder, ModelSpec
 
 POLICIES = ("prepend", "none")
 
@@ -49,9 +49,9 @@ class AnalysisResult:
   user: dict[str, dict[str, np.ndarray]]
 
 
-def layer_visible(model: Decoder, seq_len: int) -> jax.Array:
+def layer_visible(spec: ModelSpec, seq_len: int) -> jax.Array:
   """``[T, T]`` when every layer has the same mask, else ``[L, T, T]``."""
-  windows = model.spec.layer_windows()
+  windows = spec.layer_windows()
   if len(set(windows)) == 1:
     return masks.causal_mask(seq_len, windows[0])
   return jnp.stack([masks.causal_mask(seq_len, w) for w in windows])
@@ -162,7 +162,7 @@ def analyze(model: Decoder, sequences: Mapping[str, np.ndarray], *, main: str = 
   if spec.position == "learned" and seq_len > spec.max_len:
     raise ValueError(f"sequences of {seq_len} tokens exceed the {spec.max_len} learned positions")
   graphdef, params = nnx.split(model, nnx.Param)
-  visible = layer_visible(model, seq_len)
+  visible = layer_visible(spec, seq_len)
   design = fixed_effects.make_design(visible)
   L = spec.num_layers
 
