@@ -32,6 +32,8 @@ _HF = flags.DEFINE_string("hf", None, "A local Hugging Face checkpoint directory
 
 def main(argv):
   logging.set_verbosity(logging.ERROR)
+  if _COMPARE.value and _ALL_STEPS.value:
+    sys.exit("error: --compare and --all_steps do not combine: run --all_steps on each run, then --compare them")
   if _COMPARE.value:
     from abspos_jax.analysis.compare import compare
     if len(argv) < 2:

@@ -11,7 +11,7 @@ import pytest
 from flax import nnx
 
 from abspos_jax import checkpoint, data, sharding
-from abspos_jax.analysis import AnalysisOptions, analyze, analyze_run
+from abspos_jax.analysis import AnalysisOptions, analyze, analyze_all_steps, analyze_run, cli
 from abspos_jax.analysis.compare import compare
 from abspos_jax.analysis.emergence import run_curves
 from abspos_jax.config import ConfigError, validate
@@ -96,7 +96,7 @@ def test_keep_period_keeps_multiples_beyond_the_latest(run_dir):
 
 
 @pytest.mark.slow
-def test_all_steps_and_emergence_curves(run_dir, tmp_path):
+def test_all_steps_and_emergence_curves(run_dir, tmp_path, monkeypatch):
   r = subprocess.run([sys.executable, "analyze.py", f"--workdir={run_dir}", "--all_steps", "--num_sequences=4",
                       "--skip_interventions"], cwd=ROOT, capture_output=True, text=True, timeout=600)
   assert r.returncode == 0, r.stderr[-3000:]
@@ -111,6 +111,9 @@ def test_all_steps_and_emergence_curves(run_dir, tmp_path):
     assert s["sink_score_max"] == summary["sink_score_max"] and "bos_replace" not in s
   latest = json.loads((run_dir / "analysis" / "summary.json").read_text())
   assert latest["meta"]["step"] == 4 and latest["num_sequences"] == 4
+  # A rerun with the same settings reads the analyses back instead of recomputing them.
+  monkeypatch.setattr(cli, "analyze_run", lambda *a, **k: pytest.fail("step analysed again"))
+  assert analyze_all_steps(str(run_dir), num_sequences=4, options=NO_INTERVENTIONS) == steps
 
   curves = run_curves(str(run_dir))
   records = [m for m in read_metrics(run_dir) if "sink_score_max" in m]

@@ -76,11 +76,9 @@ def analyze_all_steps(workdir: str, *, out: str | None = None, num_sequences: in
     summary = _previous(os.path.join(step_out, "summary.json"), workdir, step, num_sequences, split, resolved_len,
                         options)
     if summary is None:
-      analyze_run(workdir, step=step, out=step_out, num_sequences=num_sequences, split=split, seq_len=seq_len,
-                  options=options)
-      with open(os.path.join(step_out, "summary.json")) as f:
-        summary = json.load(f)
-    records.append(emergence.step_record(summary, config.train.batch_size * config.data.seq_len))
+      summary = analyze_run(workdir, step=step, out=step_out, num_sequences=num_sequences, split=split,
+                            seq_len=seq_len, options=options).summary
+    records.append(emergence.step_record(step, summary, config.train.batch_size * config.data.seq_len))
   if jax.process_index() == 0:
     emergence.write_steps(root, records, workdir)
     if out is None:

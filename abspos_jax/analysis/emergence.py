@@ -95,8 +95,8 @@ def curves_figure(curves: dict[str, dict[str, list]], path: str) -> None:
   plt.close(fig)
 
 
-def step_record(summary: dict, tokens_per_step: int | None = None) -> dict:
-  """The numbers of one checkpoint's analysis (``summary.json``) that ``steps.json`` tracks.
+def step_record(step: int, summary: dict, tokens_per_step: int | None = None) -> dict:
+  """The numbers of checkpoint ``step``'s analysis (its ``summary.json``) that ``steps.json`` tracks.
 
   ``step``, ``tokens`` (``step * tokens_per_step``, None without it),
   ``leakage_log_weights``, pooled ``causal_mask_share``,
@@ -105,7 +105,6 @@ def step_record(summary: dict, tokens_per_step: int | None = None) -> dict:
   ``bos_replace``: per replacement kind the ``residual_stream_removed`` and
   ``causal_mask_removed`` fractions, all and early queries.
   """
-  step = summary["meta"]["step"]
   c = summary["components"]
   rec = {"step": step, "tokens": None if tokens_per_step is None else step * tokens_per_step,
          "leakage_log_weights": summary["leakage"]["log_weights_overall"],
