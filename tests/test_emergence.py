@@ -27,7 +27,8 @@ NO_INTERVENTIONS = AnalysisOptions(interventions=False, progress=False)
 
 def config(**overrides):
   """4 steps, the hook at steps 2 and 4, a checkpoint every step: the latest one kept plus every even step."""
-  return small_config(**{"data.name": "synthetic", "data.synthetic_docs": 200, "train.emergence_sequences": N,
+  return small_config(**{"data.name": "synthetic", "data.synthetic_docs": 200, "train.emergence": True,
+                         "train.emergence_sequences": N,
                          "checkpoint.every": 1, "checkpoint.keep": 1, "checkpoint.keep_period": 2, **overrides})
 
 
