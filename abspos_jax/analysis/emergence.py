@@ -84,9 +84,10 @@ def curves_figure(curves: dict[str, dict[str, list]], path: str) -> None:
       ax.plot(_values(c["tokens"]), _values(c[key]), "o-", ms=3, lw=1.2, label=label)
     ax.set_title(title, fontsize=9)
     ax.set_xlabel("training tokens")
+    ax.ticklabel_format(axis="x", style="sci", scilimits=(0, 0))
   for ax in list(axes.flat)[len(CURVES):]:
     ax.axis("off")
-  axes[0, 0].axhline(0.0, color="k", lw=0.6)
+  axes[0, 0].set_ylim(-0.05, 1.05)  # a fraction of heads
   axes[0, 1].axhline(0.3, color="k", ls="--", lw=0.8)  # the sink-head threshold epsilon
   axes[0, 0].legend(fontsize=7)
   fig.suptitle("Emergence during training (fixed validation batch at every evaluation)")
@@ -153,7 +154,7 @@ def write_steps(out: str, records: list[dict], workdir: str) -> None:
       axes[3].plot(step, _values([r["bos_replace"]["mean"][f"residual_stream_removed{suffix}"] for r in records]),
                    "o" + ls, color="C1", ms=3, label="all queries" if not suffix else "early queries")
     axes[3].axhline(0.0, color="k", lw=0.6)
-    axes[3].set_title("BOS-replace[mean]: residual-stream component removed", fontsize=9)
+    axes[3].set_title("BOS-replace[mean]: residual-stream part removed", fontsize=9)
     axes[3].legend(fontsize=7)
   for ax in axes:
     ax.set_xlabel("training step")
