@@ -24,7 +24,8 @@ NONFINITE_POLICIES = ("stop", "skip")
 # Fields that may change between a run and its resumption: they change how a
 # run is observed or laid out, not what it computes.
 RESUMABLE_FIELDS = (
-    "train.log_every", "train.eval_every", "train.emergence", "train.emergence_sequences", "train.progress", "train.peak_flops", "train.stop_at_step", "train.nonfinite",
+    "train.log_every", "train.eval_every", "train.progress", "train.peak_flops", "train.stop_at_step", "train.nonfinite",
+    "train.emergence", "train.emergence_sequences",
     "checkpoint.every", "checkpoint.keep", "checkpoint.keep_period", "checkpoint.async_save",
     "data.data_dir", "mesh.shape", "mesh.axes", "mesh.rules", "distributed.enabled",
     "distributed.coordinator_address", "distributed.num_processes", "distributed.process_id",

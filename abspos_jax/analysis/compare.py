@@ -75,7 +75,7 @@ def group_key(config: dict) -> str:
 
 
 def compare(run_dirs: list[str], out: str) -> dict:
-  """Write ``comparison.md``, ``comparison.json``, ``comparison.png`` and (with curves) ``emergence.png`` into ``out``."""
+  """Write ``comparison.md``, ``comparison.json``, ``comparison.png`` and, with curves, ``emergence.png`` to ``out``."""
   groups: dict[str, list[dict]] = {}
   for d in run_dirs:
     config, summary = load(d)
