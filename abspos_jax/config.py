@@ -25,7 +25,8 @@ NONFINITE_POLICIES = ("stop", "skip")
 # run is observed or laid out, not what it computes.
 RESUMABLE_FIELDS = (
     "train.log_every", "train.eval_every", "train.progress", "train.peak_flops", "train.stop_at_step", "train.nonfinite",
-    "checkpoint.every", "checkpoint.keep", "checkpoint.async_save",
+    "train.emergence", "train.emergence_sequences",
+    "checkpoint.every", "checkpoint.keep", "checkpoint.keep_period", "checkpoint.async_save",
     "data.data_dir", "mesh.shape", "mesh.axes", "mesh.rules", "distributed.enabled",
     "distributed.coordinator_address", "distributed.num_processes", "distributed.process_id",
 )
@@ -139,8 +140,16 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None) 
     _fail("train.warmup_steps", "must be >= 0", t.warmup_steps)
   if t.batch_size % t.grad_accum:
     _fail("train.grad_accum", f"must divide train.batch_size={t.batch_size}", t.grad_accum)
+  if not isinstance(t.emergence, bool):
+    _fail("train.emergence", "must be True or False", t.emergence)
+  if t.emergence_sequences < 2:
+    _fail("train.emergence_sequences", "must be >= 2 (the held-out leakage needs two halves)",
+          t.emergence_sequences)
   if k.every < 1 or k.keep < 1:
     _fail("checkpoint.every" if k.every < 1 else "checkpoint.keep", "must be >= 1", min(k.every, k.keep))
+  if k.keep_period < 0 or k.keep_period % k.every:
+    _fail("checkpoint.keep_period", f"must be 0 (off) or a positive multiple of checkpoint.every={k.every} "
+          "(only saved steps can be kept)", k.keep_period)
   shape = resolve_mesh_shape(config, num_devices)
   data_parallel = 1
   for axis, size in zip(config.mesh.axes, shape):

@@ -21,7 +21,7 @@ import ml_collections
 import numpy as np
 from flax import nnx
 
-from abspos_jax import atomic, checkpoint, data, distributed, flops, model as model_lib, sharding
+from abspos_jax import atomic, checkpoint, data, distributed, emergence, flops, model as model_lib, sharding
 from abspos_jax import config as config_lib
 from abspos_jax.metrics import MetricsWriter
 from abspos_jax.optim import learning_rate_schedule, make_optimizer
@@ -171,6 +171,7 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> dict:
   eval_batch = jax.make_array_from_process_local_data(
       batch_sh, eval_tokens[jax.process_index() * per_process:(jax.process_index() + 1) * per_process],
       eval_tokens.shape)
+  emergence_hook = emergence.EmergenceHook(config, graphdef, params, mesh) if t.emergence else None
 
   flops_per_token = flops.train_flops_per_token(spec, seq_len)
   peak = flops.peak_flops_per_device(t.peak_flops)
@@ -234,6 +235,8 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> dict:
                   "skipped_steps": skipped}
           if step % t.eval_every == 0 or step == t.steps:
             last["val_loss"] = float(eval_step(params, eval_batch))
+            if emergence_hook is not None:
+              last.update(emergence_hook(params))
           writer.write(step, last)
           if bar is not None:
             bar.set_postfix(loss=f"{last['loss']:.3f}", tok_s=f"{tps:,.0f}", mfu=f"{last['mfu']:.1%}")

@@ -70,6 +70,10 @@ def get_config() -> ml_collections.ConfigDict:
   t.grad_clip = 1.0
   t.log_every = 10
   t.eval_every = 200
+  # At every evaluation: sink rates, position-0 norm ratios and pooled leakage of a fixed
+  # validation batch (abspos_jax/emergence.py, docs/emergence.md); False turns it off.
+  t.emergence = True
+  t.emergence_sequences = 16  # validation sequences the emergence metrics read (>= 2)
   t.peak_flops = 0.0  # per-device peak FLOP/s for MFU; 0: a measured matmul peak of this device
   t.progress = True
   t.nonfinite = "stop"  # a NaN/Inf loss or gradient: stop (naming the step) | skip (drop that batch, go on)
@@ -77,7 +81,8 @@ def get_config() -> ml_collections.ConfigDict:
 
   c.checkpoint = k = ml_collections.ConfigDict()
   k.every = 200
-  k.keep = 3
+  k.keep = 3  # the latest checkpoints kept
+  k.keep_period = 0  # > 0: also keep every checkpoint whose step is a multiple of it (a multiple of every)
   k.async_save = True
 
   c.mesh = s = ml_collections.ConfigDict()
