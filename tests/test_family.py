@@ -40,3 +40,10 @@ def test_means_and_seed_spread(tmp_path):
   assert json.loads((tmp_path / "family.json").read_text()) == table
   for name in ("family_layers.png", "family_interventions.png", "family_fingerprint.png"):
     assert (tmp_path / name).stat().st_size > 1000
+
+
+def test_short_labels_drop_only_shared_settings():
+  same = family.short_labels(["rope L2 d64 [data.name=backcopy]", "ntk L4 d64 [data.name=backcopy]"])
+  assert same == {"rope L2 d64 [data.name=backcopy]": "rope L2 d64", "ntk L4 d64 [data.name=backcopy]": "ntk L4 d64"}
+  differ = ["rope L2 d64 [train.steps=400]", "rope L2 d64 [train.steps=800]"]
+  assert family.short_labels(differ) == {k: k for k in differ}

@@ -13,7 +13,7 @@ import os
 import numpy as np
 
 from abspos_jax import config as config_lib
-from abspos_jax.analysis import emergence
+from abspos_jax.analysis import emergence, family
 
 # (name in the table, path into summary.json); a list value is averaged over layers.
 METRICS = (
@@ -75,7 +75,9 @@ def group_key(config: dict) -> str:
 
 
 def compare(run_dirs: list[str], out: str) -> dict:
-  """Write ``comparison.md``, ``comparison.json``, ``comparison.png`` and, with curves, ``emergence.png`` to ``out``."""
+  """Write ``comparison.md``, ``comparison.json``, ``comparison.png``, the family figures and numbers
+  (``family.json``, ``family_*.png``, see :mod:`abspos_jax.analysis.family`) and, with curves,
+  ``emergence.png`` to ``out``."""
   groups: dict[str, list[dict]] = {}
   for d in run_dirs:
     config, summary = load(d)
@@ -101,6 +103,7 @@ def compare(run_dirs: list[str], out: str) -> dict:
   with open(os.path.join(out, "comparison.md"), "w") as f:
     f.write(render(table))
   figure(table, os.path.join(out, "comparison.png"))
+  family.write({key: [r["summary"] for r in runs] for key, runs in groups.items()}, out)
   return table
 
 
@@ -135,7 +138,7 @@ def figure(table: dict, path: str) -> None:
     ax.bar(x + off, means, 0.4, yerr=errs, capsize=3, label=name)
   ax.axhline(0, color="k", lw=0.8)
   ax.set_xticks(x)
-  ax.set_xticklabels(keys, rotation=25, ha="right", fontsize=8)
+  ax.set_xticklabels(keys, rotation=25, ha="right", fontsize=7)
   ax.set_ylabel("share of query-position leakage")
   ax.set_title("Leakage components by configuration (error bars: std over seeds)")
   ax.legend(fontsize=8)

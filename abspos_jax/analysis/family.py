@@ -85,15 +85,26 @@ def summarise(groups: dict[str, list[dict]]) -> dict:
   return out
 
 
+def short_labels(labels: list[str]) -> dict[str, str]:
+  """Figure labels: ``compare.group_key`` labels without the ``[...]`` of settings that all groups share."""
+  parts = {label: label.split(" [", 1) for label in labels}
+  shared = {p[1] for p in parts.values() if len(p) == 2}
+  if len(shared) == 1 and all(len(p) == 2 for p in parts.values()):
+    return {label: p[0] for label, p in parts.items()}
+  return {label: label for label in labels}
+
+
 def write(groups: dict[str, list[dict]], out: str) -> dict:
   """``family.json`` and the three figures in ``out``; returns the summary."""
   table = summarise(groups)
   with open(os.path.join(out, "family.json"), "w") as f:
     json.dump(table, f, indent=1)
   if table:
-    _layers_figure(table, os.path.join(out, "family_layers.png"))
-    _interventions_figure(table, os.path.join(out, "family_interventions.png"))
-    _fingerprint_figure(table, os.path.join(out, "family_fingerprint.png"))
+    short = short_labels(list(table))
+    plotted = {short[k]: v for k, v in table.items()}
+    _layers_figure(plotted, os.path.join(out, "family_layers.png"))
+    _interventions_figure(plotted, os.path.join(out, "family_interventions.png"))
+    _fingerprint_figure(plotted, os.path.join(out, "family_fingerprint.png"))
   return table
 
 
