@@ -1,13 +1,14 @@
 # make install: .venv with the pinned dependencies, the .[hf] extra included (idempotent)
 # make test:    the whole test suite (what CI runs)
 # make demo:    train the tiny model on the offline default data, then analyse it
+# make bench:   training and analysis throughput against PyTorch / transformers (docs/benchmarks.md)
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 DEMO_DIR ?= runs/demo
 
-.PHONY: install test test-fast demo lock clean
+.PHONY: install test test-fast demo bench lock clean
 
 install: $(STAMP)
 
@@ -28,6 +29,10 @@ demo: install
 	$(PY) train.py --config=configs/tiny.py --workdir=$(DEMO_DIR)
 	$(PY) analyze.py --workdir=$(DEMO_DIR)
 	@echo "demo done: metrics in $(DEMO_DIR)/metrics.jsonl, report in $(DEMO_DIR)/analysis/report.md"
+
+bench: install
+	$(PY) -m benchmarks.train_throughput
+	$(PY) -m benchmarks.analysis_throughput
 
 # Re-resolve the pins from pyproject.toml's ranges (then run `make test`).
 lock:

@@ -2,11 +2,12 @@ r"""Analyse a trained run, or compare analysed runs.
 
     python analyze.py --workdir=runs/rope [--step=N] [--out=runs/rope/analysis] \
         [--num_sequences=256] [--split=validation]
+    python analyze.py --workdir=runs/rope --all_steps [--out=runs/rope/analysis_steps]  # every kept checkpoint
     python analyze.py --compare runs/rope runs/ntk runs/swa [--out=comparison]
     python analyze.py --hf=HF_DIR [--out=HF_DIR/analysis] [--seq_len=128]  # Llama / Mistral / Qwen2
 
 Writes summary.json, stats.npz, PNG figures and report.md (see docs/analysis.md;
---hf: docs/interop.md).
+--hf: docs/interop.md; --all_steps and the emergence curves of --compare: docs/emergence.md).
 """
 
 import sys
@@ -22,6 +23,8 @@ _SEQ_LEN = flags.DEFINE_integer("seq_len", None, "Tokens per sequence (default a
 _BATCH = flags.DEFINE_integer("batch_size", 32, "Sequences per jitted pass.")
 _NO_INTERVENTIONS = flags.DEFINE_bool("skip_interventions", False, "Skip the intervention sweep.")
 _COMPARE = flags.DEFINE_bool("compare", False, "Compare the analysed runs given as arguments.")
+_ALL_STEPS = flags.DEFINE_bool("all_steps", False, "Analyse every kept checkpoint into OUT/step_<N>/ and plot the "
+                               "components against the step (OUT default: WORKDIR/analysis_steps).")
 _HF = flags.DEFINE_string("hf", None, "A local Hugging Face checkpoint directory (Llama, Mistral or Qwen2 "
                           "safetensors with tokenizer.json) to analyse instead of a run; --seq_len defaults to "
                           "128 (or max_position_embeddings if shorter).")
@@ -29,6 +32,8 @@ _HF = flags.DEFINE_string("hf", None, "A local Hugging Face checkpoint directory
 
 def main(argv):
   logging.set_verbosity(logging.ERROR)
+  if _COMPARE.value and _ALL_STEPS.value:
+    sys.exit("error: --compare and --all_steps do not combine: run --all_steps on each run, then --compare them")
   if _COMPARE.value:
     from abspos_jax.analysis.compare import compare
     if len(argv) < 2:
@@ -46,11 +51,21 @@ def main(argv):
     sys.exit("error: --hf analyses a Hugging Face checkpoint; it takes no --workdir or --step")
   if not _WORKDIR.value and not _HF.value:
     sys.exit("error: --workdir is required (or --hf=HF_DIR, or --compare DIR1 DIR2 ...)")
-  from abspos_jax.analysis import AnalysisOptions, analyze_hf, analyze_run
+  if _ALL_STEPS.value and (_HF.value or _STEP.value is not None):
+    sys.exit("error: --all_steps analyses every checkpoint of --workdir; it takes no --step or --hf")
+  from abspos_jax.analysis import AnalysisOptions, analyze_all_steps, analyze_hf, analyze_run
   try:
     if _BATCH.value < 1:
       raise ValueError(f"--batch_size must be >= 1, got {_BATCH.value}")
     options = AnalysisOptions(batch_size=_BATCH.value, interventions=not _NO_INTERVENTIONS.value)
+    if _ALL_STEPS.value:
+      records = analyze_all_steps(_WORKDIR.value, out=_OUT.value, num_sequences=_NUM.value, split=_SPLIT.value,
+                                  seq_len=_SEQ_LEN.value, options=options)
+      if distributed.is_writer():
+        out = _OUT.value or f"{_WORKDIR.value}/analysis_steps"
+        print(f"wrote {out}: step_<N>/ for steps {[r['step'] for r in records]}, steps.json, steps.png"
+              + ("" if _OUT.value else f"; the latest also to {_WORKDIR.value}/analysis"))
+      return
     if _HF.value:
       result = analyze_hf(_HF.value, out=_OUT.value, num_sequences=_NUM.value, split=_SPLIT.value,
                           seq_len=_SEQ_LEN.value, options=options)

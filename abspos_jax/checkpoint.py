@@ -9,6 +9,7 @@ Orbax writes to a temporary directory and renames it when complete, so a
 partial save is never listed as a step.
 """
 
+import json
 import os
 
 import jax
@@ -20,9 +21,19 @@ from abspos_jax import config as config_lib
 
 def manager(workdir: str, ckpt: ml_collections.ConfigDict | None = None, *, read_only: bool = False
             ) -> ocp.CheckpointManager:
-  """The run's manager; ``read_only`` for analysis (no cleanup, no new directories)."""
+  """The run's manager; ``read_only`` for analysis (no cleanup, no new directories).
+
+  Kept: the latest ``ckpt.keep`` checkpoints, and with ``ckpt.keep_period > 0``
+  also every checkpoint whose step is a multiple of it.
+  """
+  policy = None
+  if ckpt is not None:
+    policies = [ocp.checkpoint_managers.LatestN(n=ckpt.keep)]
+    if ckpt.keep_period:
+      policies.append(ocp.checkpoint_managers.EveryNSteps(interval_steps=ckpt.keep_period))
+    policy = ocp.checkpoint_managers.AnyPreservationPolicy(policies)
   options = ocp.CheckpointManagerOptions(
-      max_to_keep=None if ckpt is None else ckpt.keep,
+      preservation_policy=policy,
       enable_async_checkpointing=bool(ckpt is not None and ckpt.async_save),
       read_only=read_only,
       create=not read_only,
@@ -70,18 +81,12 @@ def restore_meta(mgr: ocp.CheckpointManager, step: int) -> dict:
   return mgr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta
 
 
-def load_model(workdir: str, step: int | None = None, device: jax.Device | None = None):
-  """The model of a run, restored onto one device (whatever mesh it was trained on).
+def kept_steps(workdir: str) -> tuple[ml_collections.ConfigDict, list[int]]:
+  """``(config, steps)``: the resolved config of a run and its complete checkpoints, oldest first.
 
-  Returns ``(config, model, step)``. Raises ``FileNotFoundError`` / ``ValueError``
-  naming what is missing: the workdir, its ``config.json``, any checkpoint, or ``step``.
+  Raises ``FileNotFoundError`` / ``ValueError`` naming what is missing: the
+  workdir, its ``config.json``, its ``checkpoints/``, or any checkpoint.
   """
-  import json
-
-  from flax import nnx
-
-  from abspos_jax import model as model_lib
-
   if not os.path.isdir(workdir):
     raise FileNotFoundError(f"--workdir {workdir} does not exist")
   config_path = os.path.join(workdir, "config.json")
@@ -91,9 +96,25 @@ def load_model(workdir: str, step: int | None = None, device: jax.Device | None 
     config = ml_collections.ConfigDict(json.load(f))
   config.mesh.shape, config.mesh.axes = tuple(config.mesh.shape), tuple(config.mesh.axes)
   mgr = manager(workdir, read_only=True)
-  steps = mgr.all_steps()
+  steps = sorted(mgr.all_steps())
+  mgr.close()
   if not steps:
     raise ValueError(f"{workdir}/checkpoints holds no complete checkpoint")
+  return config, steps
+
+
+def load_model(workdir: str, step: int | None = None, device: jax.Device | None = None):
+  """The model of a run, restored onto one device (whatever mesh it was trained on).
+
+  Returns ``(config, model, step)``. Raises ``FileNotFoundError`` / ``ValueError``
+  naming what is missing: the workdir, its ``config.json``, any checkpoint, or ``step``.
+  """
+  from flax import nnx
+
+  from abspos_jax import model as model_lib
+
+  config, steps = kept_steps(workdir)
+  mgr = manager(workdir, read_only=True)
   step = max(steps) if step is None else step
   if step not in steps:
     raise ValueError(f"--step {step} is not in {workdir}/checkpoints; available steps: {sorted(steps)}")

@@ -25,7 +25,8 @@ NONFINITE_POLICIES = ("stop", "skip")
 # run is observed or laid out, not what it computes.
 RESUMABLE_FIELDS = (
     "train.log_every", "train.eval_every", "train.progress", "train.peak_flops", "train.stop_at_step", "train.nonfinite",
-    "checkpoint.every", "checkpoint.keep", "checkpoint.async_save",
+    "train.emergence", "train.emergence_sequences",
+    "checkpoint.every", "checkpoint.keep", "checkpoint.keep_period", "checkpoint.async_save",
     "data.data_dir", "mesh.shape", "mesh.axes", "mesh.rules", "distributed.enabled",
     "distributed.coordinator_address", "distributed.num_processes", "distributed.process_id",
 )
@@ -123,9 +124,11 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None) 
   if d.seq_len < 2:
     _fail("data.seq_len", "must be >= 2", d.seq_len)
   if not d.name:
-    _fail("data.name", "must name a dataset (stdlib_text, text_files, synthetic or a TFDS dataset)", d.name)
+    _fail("data.name", "must name a dataset (stdlib_text, text_files, synthetic, backcopy or a TFDS dataset)", d.name)
   if d.name == "text_files" and not d.files.strip():
     _fail("data.files", "must list paths or globs (comma-separated) when data.name='text_files'", d.files)
+  if d.name in ("synthetic", "backcopy"):
+    _validate_language(d)
   for field in ("steps", "batch_size", "grad_accum", "log_every", "eval_every"):
     if t[field] < 1:
       _fail(f"train.{field}", "must be >= 1", t[field])
@@ -139,8 +142,16 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None) 
     _fail("train.warmup_steps", "must be >= 0", t.warmup_steps)
   if t.batch_size % t.grad_accum:
     _fail("train.grad_accum", f"must divide train.batch_size={t.batch_size}", t.grad_accum)
+  if not isinstance(t.emergence, bool):
+    _fail("train.emergence", "must be True or False", t.emergence)
+  if t.emergence_sequences < 2:
+    _fail("train.emergence_sequences", "must be >= 2 (the held-out leakage needs two halves)",
+          t.emergence_sequences)
   if k.every < 1 or k.keep < 1:
     _fail("checkpoint.every" if k.every < 1 else "checkpoint.keep", "must be >= 1", min(k.every, k.keep))
+  if k.keep_period < 0 or k.keep_period % k.every:
+    _fail("checkpoint.keep_period", f"must be 0 (off) or a positive multiple of checkpoint.every={k.every} "
+          "(only saved steps can be kept)", k.keep_period)
   shape = resolve_mesh_shape(config, num_devices)
   data_parallel = 1
   for axis, size in zip(config.mesh.axes, shape):
@@ -150,6 +161,18 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None) 
   if micro % data_parallel:
     _fail("train.batch_size", f"must split into train.grad_accum={t.grad_accum} micro-batches each divisible "
           f"by the data-parallel size {data_parallel} (mesh {dict(zip(config.mesh.axes, shape))})", t.batch_size)
+
+
+def _validate_language(d: ml_collections.ConfigDict) -> None:
+  """The knobs of the `synthetic` or `backcopy` language, checked by its own params class."""
+  # Late: the data package imports TFDS, which validating other configs does not need.
+  from abspos_jax.data import backcopy, synthetic  # pylint: disable=g-import-not-at-top
+  if d.synthetic_docs < 1:
+    _fail("data.synthetic_docs", "must be >= 1", d.synthetic_docs)
+  try:
+    (backcopy if d.name == "backcopy" else synthetic).params_from_config(d)
+  except ValueError as e:
+    raise ConfigError(f"config.{e}") from None
 
 
 def resolve_mesh_shape(config: ml_collections.ConfigDict, num_devices: int | None = None) -> tuple[int, ...]:

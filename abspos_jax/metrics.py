@@ -8,6 +8,7 @@ uninterrupted run.
 
 import json
 import os
+import sys
 
 import jax
 
@@ -27,8 +28,7 @@ class MetricsWriter:
       os.replace(tmp, self.path)
     elif resume_step is None and os.path.exists(self.path):
       os.remove(self.path)
-    from tensorboardX import SummaryWriter  # late: only the writing process needs it
-    self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
+    self._tb = _summary_writer_class()(os.path.join(workdir, "tensorboard"))
     self._file = open(self.path, "a")
 
   def write(self, step: int, metrics: dict[str, float]) -> None:
@@ -44,6 +44,26 @@ class MetricsWriter:
     if self.enabled:
       self._file.close()
       self._tb.close()
+
+
+def _summary_writer_class():
+  """tensorboardX's ``SummaryWriter``, imported late (only the writing process needs it) and without torch.
+
+  tensorboardX imports torch at module level whenever it is installed (the
+  ``hf`` extra installs it) only to accept torch tensors, which costs 7-10 s
+  at every ``train.py`` start. We log Python floats, so torch is hidden from
+  that one import (``sys.modules[name] = None`` makes ``import name`` fail)
+  unless something already loaded it.
+  """
+  if "tensorboardX" in sys.modules or "torch" in sys.modules:
+    from tensorboardX import SummaryWriter
+    return SummaryWriter
+  sys.modules["torch"] = None
+  try:
+    from tensorboardX import SummaryWriter
+  finally:
+    del sys.modules["torch"]
+  return SummaryWriter
 
 
 def read_metrics(workdir: str) -> list[dict]:

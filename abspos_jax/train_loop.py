@@ -32,7 +32,7 @@ import ml_collections
 import numpy as np
 from flax import nnx
 
-from abspos_jax import atomic, checkpoint, data, distributed, flops, model as model_lib, sharding
+from abspos_jax import atomic, checkpoint, data, distributed, emergence, flops, model as model_lib, sharding
 from abspos_jax import config as config_lib
 from abspos_jax.metrics import MetricsWriter
 from abspos_jax.optim import learning_rate_schedule, make_optimizer
@@ -387,6 +387,8 @@ def _train_runs(configs: list[ml_collections.ConfigDict], workdirs: list[str]) -
   eval_batch = jax.make_array_from_process_local_data(
       batch_sh, eval_tokens[jax.process_index() * per_process:(jax.process_index() + 1) * per_process],
       eval_tokens.shape)
+  emergence_hook = (emergence.EmergenceHook(config, graphdef, params, mesh, num_runs=0 if k == 1 else k)
+                    if t.emergence else None)
 
   flops_per_token = flops.train_flops_per_token(spec, seq_len)
   peak = flops.peak_flops_per_device(t.peak_flops)
@@ -452,6 +454,7 @@ def _train_runs(configs: list[ml_collections.ConfigDict], workdirs: list[str]) -
           val = None
           if step % t.eval_every == 0 or step == t.steps:
             val = axis.per_run(eval_step(params, eval_batch))
+            emerged = emergence_hook(params) if emergence_hook is not None else None
           for i, run in enumerate(runs):
             lasts[i] = {"loss": losses[i], "grad_norm": grad_norms[i], "learning_rate": schedule(step - 1),
                         "tokens_per_s": tps, "tokens_per_s_per_device": tps / jax.device_count(),
@@ -460,6 +463,8 @@ def _train_runs(configs: list[ml_collections.ConfigDict], workdirs: list[str]) -
                         "skipped_steps": run.skipped}
             if val is not None:
               lasts[i]["val_loss"] = float(val[i])
+              if emerged is not None:
+                lasts[i].update(emerged[i])
             run.writer.write(step, lasts[i])
           if bar is not None:
             bar.set_postfix(loss=f"{np.mean(losses):.3f}", tok_s=f"{k * tps:,.0f}", mfu=f"{k * lasts[0]['mfu']:.1%}")

@@ -32,20 +32,27 @@ def get_config() -> ml_collections.ConfigDict:
   m.attention_impl = "xla"  # training path: xla (explicit softmax) | fused (jax.nn.dot_product_attention)
 
   c.data = d = ml_collections.ConfigDict()
-  d.name = "stdlib_text"  # stdlib_text | text_files | synthetic | any prepared TFDS dataset
+  d.name = "stdlib_text"  # stdlib_text | text_files | synthetic | backcopy | any prepared TFDS dataset
   d.data_dir = ""  # "": $ABSPOS_DATA_DIR or ~/.cache/abspos_jax/tfds
   d.seq_len = 128
   d.bos = "prepend"  # prepend | none
   d.text_key = "text"  # feature holding the text in a TFDS catalog dataset
   d.files = ""  # text_files only: comma-separated paths or globs
   d.validation_fraction = 0.05  # text_files only: share of files held out, by file
-  d.synthetic_seed = 0
-  d.synthetic_docs = 2000  # synthetic only: documents per train split
+  d.synthetic_seed = 0  # synthetic and backcopy: the language's seed
+  d.synthetic_docs = 2000  # synthetic and backcopy: documents per train split (validation: max(10, docs // 10))
   # synthetic only: the language's knobs (see abspos_jax/data/synthetic.py).
   d.synthetic_vocab = 256  # words in the seeded lexicon
   d.synthetic_p_define = 0.25  # per sentence: chance of a new KEY=VAL definition
   d.synthetic_p_recall = 0.25  # per sentence: chance of a KEY?VAL recall of a recent definition
   d.synthetic_p_echo = 0.15  # per sentence: chance the sentence is repeated verbatim after "> "
+  # backcopy only: the Bigram-Backcopy language (see abspos_jax/data/backcopy.py).
+  d.backcopy_symbols = 36  # normal symbols (a-z, 0-9, then punctuation), 2..62
+  d.backcopy_triggers = 4  # trigger bytes (A, B, ...), 1..26
+  d.backcopy_p_trigger = 0.1  # per step: chance of trigger + copy of the byte before it, in [0, 1]
+  d.backcopy_branching = 4  # successors per symbol, 1..backcopy_symbols
+  d.backcopy_mean_len = 512.0  # expected bytes per document (the end is memoryless), >= 1
+  d.backcopy_zipf = 1.1  # unigram exponent: symbol r has weight (r + 1) ** -zipf, >= 0
   d.shuffle = True
   d.eval_sequences = 64  # held-out sequences scored at each evaluation
 
@@ -63,6 +70,10 @@ def get_config() -> ml_collections.ConfigDict:
   t.grad_clip = 1.0
   t.log_every = 10
   t.eval_every = 200
+  # At every evaluation: sink rates, position-0 norm ratios and pooled leakage of a fixed
+  # validation batch (abspos_jax/emergence.py, docs/emergence.md); False turns it off.
+  t.emergence = True
+  t.emergence_sequences = 16  # validation sequences the emergence metrics read (>= 2)
   t.peak_flops = 0.0  # per-device peak FLOP/s for MFU; 0: a measured matmul peak of this device
   t.progress = True
   t.nonfinite = "stop"  # a NaN/Inf loss or gradient: stop (naming the step) | skip (drop that batch, go on)
@@ -70,7 +81,8 @@ def get_config() -> ml_collections.ConfigDict:
 
   c.checkpoint = k = ml_collections.ConfigDict()
   k.every = 200
-  k.keep = 3
+  k.keep = 3  # the latest checkpoints kept
+  k.keep_period = 0  # > 0: also keep every checkpoint whose step is a multiple of it (a multiple of every)
   k.async_save = True
 
   c.mesh = s = ml_collections.ConfigDict()

@@ -30,6 +30,7 @@ def small_config(position: str = "rope", **overrides):
   c.train.log_every = 1
   c.train.eval_every = 2
   c.train.progress = False
+  c.train.emergence = False  # its compilation (~6 s CPU) per run; tests/test_emergence.py turns it on
   c.data.eval_sequences = 8
   c.checkpoint.every = 2
   for key, value in overrides.items():

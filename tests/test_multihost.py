@@ -41,8 +41,12 @@ def two_processes(*args, timeout=300):
   return r
 
 
+# Emergence metrics (the hook runs at each evaluation with params sharded over both processes).
+HOOK = ("sink_score_max", "pos0_norm_ratio_l2", "leakage_log_weights", "residual_stream_share")
+
+
 def records(workdir):
-  return {m["step"]: (m["loss"], m.get("val_loss")) for m in read_metrics(workdir)}
+  return {m["step"]: (m["loss"], m.get("val_loss"), *(m.get(k) for k in HOOK)) for m in read_metrics(workdir)}
 
 
 @pytest.fixture(scope="module")
@@ -56,8 +60,11 @@ def assert_same(a, b):
   assert sorted(a) == sorted(b) == [1, 2, 3, 4]
   for step in a:
     np.testing.assert_allclose(a[step][0], b[step][0], rtol=1e-5)
-    if a[step][1] is not None:
-      np.testing.assert_allclose(a[step][1], b[step][1], rtol=1e-5)
+    for x, y in zip(a[step][1:], b[step][1:]):
+      assert (x is None) == (y is None)
+      if x is not None:
+        np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6)
+  assert all(a[step][2] is not None for step in (2, 4))  # the hook ran at both evaluations
 
 
 def test_two_processes_match_one_and_checkpoints_cross_over(reference, tmp_path):

@@ -1,9 +1,11 @@
 """The jitted analysis pass: one forward per batch, reduced to sufficient statistics.
 
-``make_baseline_step`` and ``make_intervention_step`` build pure functions of
-``(params, acc, tokens, seq_ids, ...) -> acc`` that run the model once through
-:class:`abspos_jax.hooks.Hooks` (the same attention code path as training) and
-fold the captures into the estimator accumulators of this package. Nothing of
+``make_baseline_step``, ``make_core_step`` and ``make_intervention_step``
+build pure functions of ``(params, acc, tokens, seq_ids, ...) -> acc`` that run
+the model once through :class:`abspos_jax.hooks.Hooks` (the same attention
+code path as training) and fold the captures into the estimator accumulators
+of this package. The core step (denominators, leakage, position 0) is the part
+of the baseline step that the training-time emergence hook runs. Nothing of
 shape ``[layer, head, query, key]`` leaves the device: accumulators have fixed
 shapes whatever the number of sequences.
 """
@@ -74,16 +76,58 @@ def attention_features(stats: dict[str, jax.Array]) -> jax.Array:
   return f.transpose(0, 1, 3, 2, 4).reshape(b, l, t, h * k)
 
 
-def init_accumulators(spec, seq_len: int, user: Mapping[str, Statistic], num_groups: int | None = None) -> dict:
-  """Zero accumulators for a baseline pass over sequences of ``seq_len`` tokens.
+def init_core(spec, seq_len: int, num_groups: int | None = None) -> dict:
+  """Zero accumulators of the core statistics: ``denominators``, ``leakage`` and ``position0``.
 
   ``num_groups``: how many distinct first tokens the fingerprint groups by
-  (see ``x0_groups`` of :func:`make_baseline_step`); default ``vocab_size``.
+  (see ``x0_groups`` of :func:`update_core`); default ``vocab_size``.
   """
   L, H, D = spec.num_layers, spec.num_heads, spec.d_model
   return {"denominators": denominators.init(L, H, seq_len),
           "leakage": leakage.init(L, H, seq_len),
-          "position0": position0.init(L, D, spec.vocab_size if num_groups is None else num_groups),
+          "position0": position0.init(L, D, spec.vocab_size if num_groups is None else num_groups)}
+
+
+def update_core(acc: dict, cap: dict[str, jax.Array], qstats: dict[str, jax.Array], tokens: jax.Array,
+                seq_ids: jax.Array, visible: jax.Array, x0_groups: jax.Array | None = None) -> dict:
+  """Folds one batch into the core accumulators of :func:`init_core` (other keys of ``acc`` are ignored).
+
+  ``cap`` is :func:`forward` on ``tokens [B, T]``, ``qstats`` is
+  ``denominators.query_statistics`` of its logits (computed by the caller,
+  which may use them again), ``seq_ids [B]`` split the held-out halves.
+  ``x0_groups [V]`` int maps a first token to its fingerprint group (a dense
+  index over the first tokens that occur), so the per-group accumulator is
+  ``[groups, L+1, D]`` rather than ``[V, L+1, D]`` (gigabytes for a 32k-150k
+  vocabulary); None groups by the token id itself.
+  """
+  return {"denominators": denominators.accumulate(acc["denominators"], qstats),
+          "leakage": leakage.update(acc["leakage"], cap["logits"], cap["log_z"], seq_ids, visible),
+          "position0": position0.update(acc["position0"], cap["resid"],
+                                        tokens if x0_groups is None else x0_groups[tokens[:, :1]])}
+
+
+def make_core_step(graphdef: nnx.GraphDef, visible: jax.Array, x0_groups: jax.Array | None = None):
+  """``step(params, acc, tokens [B, T], seq_ids [B]) -> acc``: one forward, only the core statistics.
+
+  What the training-time emergence hook (``abspos_jax/emergence.py``) runs:
+  the baseline step without the closedness forward, the probes and the loss.
+  """
+  def step(params, acc, tokens, seq_ids):
+    cap = forward(nnx.merge(graphdef, params), tokens)
+    qstats = denominators.query_statistics(cap["logits"], cap["log_z"], visible)
+    return update_core(acc, cap, qstats, tokens, seq_ids, visible, x0_groups)
+
+  return step
+
+
+def init_accumulators(spec, seq_len: int, user: Mapping[str, Statistic], num_groups: int | None = None) -> dict:
+  """Zero accumulators for a baseline pass over sequences of ``seq_len`` tokens.
+
+  The core ones of :func:`init_core` (``num_groups`` as there) plus probes,
+  closedness, loss and the user statistics.
+  """
+  L, H, D = spec.num_layers, spec.num_heads, spec.d_model
+  return {**init_core(spec, seq_len, num_groups),
           "probe_resid": probes.init(L + 1, D),
           "probe_attn": probes.init(L, len(ATTENTION_FEATURES) * H),
           "closedness": jnp.zeros((L + 1,), jnp.float32),
@@ -95,10 +139,8 @@ def make_baseline_step(graphdef: nnx.GraphDef, visible: jax.Array, user: Mapping
                        x0_groups: jax.Array | None = None):
   """``step(params, acc, tokens [B, T], seq_ids [B]) -> acc`` for the unmodified model.
 
-  ``x0_groups [V]`` int maps a first token to its fingerprint group (a dense
-  index over the first tokens that occur), so the per-group accumulator is
-  ``[groups, L+1, D]`` rather than ``[V, L+1, D]`` (gigabytes for a 32k-150k
-  vocabulary); None groups by the token id itself.
+  The core statistics (:func:`update_core`, ``x0_groups`` as there), the
+  closedness check, both probes, the loss and the user statistics.
   """
   extra = tuple(sorted({p for stat in user.values() for p in stat.points}))
 
@@ -111,10 +153,7 @@ def make_baseline_step(graphdef: nnx.GraphDef, visible: jax.Array, user: Mapping
     n = tokens.shape[0] * (tokens.shape[1] - 1)
     qstats = denominators.query_statistics(cap["logits"], cap["log_z"], visible)  # once, for two consumers
     out = {
-        "denominators": denominators.accumulate(acc["denominators"], qstats),
-        "leakage": leakage.update(acc["leakage"], cap["logits"], cap["log_z"], seq_ids, visible),
-        "position0": position0.update(acc["position0"], cap["resid"],
-                                      tokens if x0_groups is None else x0_groups[tokens[:, :1]]),
+        **update_core(acc, cap, qstats, tokens, seq_ids, visible, x0_groups),
         "probe_resid": probes.update(acc["probe_resid"], cap["resid"], seq_ids),
         "probe_attn": probes.update(acc["probe_attn"], attention_features(qstats),
                                     seq_ids),

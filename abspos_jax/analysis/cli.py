@@ -1,13 +1,17 @@
-"""``analyze_run`` and ``analyze_hf``: load a model, build its evaluation sequences, analyse, write the outputs."""
+"""``analyze_run``, ``analyze_all_steps`` and ``analyze_hf``: load a model, build its evaluation sequences,
+analyse, write the outputs."""
 
 import dataclasses
+import json
 import os
+import shutil
 
+import jax
 import ml_collections
 
-from abspos_jax import checkpoint, data
+from abspos_jax import atomic, checkpoint, data
 from abspos_jax.data import builders
-from abspos_jax.analysis import outputs
+from abspos_jax.analysis import emergence, outputs
 from abspos_jax.analysis.run import AnalysisOptions, AnalysisResult, analyze
 
 
@@ -34,6 +38,53 @@ def analyze_run(workdir: str, *, step: int | None = None, out: str | None = None
           "options": dataclasses.asdict(options)}
   outputs.write(out, result.summary, result.stats, meta)
   return result
+
+
+def _previous(path: str, workdir: str, step: int, num_sequences: int, split: str, seq_len: int,
+              options: AnalysisOptions) -> dict | None:
+  """The ``summary.json`` at ``path`` if it is this step's analysis with these settings, else None."""
+  if not os.path.exists(path):
+    return None
+  with open(path) as f:
+    s = json.load(f)
+  m = s.get("meta", {})
+  same_options = {**m.get("options", {}), "progress": None} == {**dataclasses.asdict(options), "progress": None}
+  return s if (m.get("workdir"), m.get("step"), m.get("split"), s.get("num_sequences"), s.get("seq_len"),
+               same_options) == (os.path.abspath(workdir), step, split, num_sequences, seq_len, True) else None
+
+
+def analyze_all_steps(workdir: str, *, out: str | None = None, num_sequences: int = 256, split: str = "validation",
+                      seq_len: int | None = None, options: AnalysisOptions = AnalysisOptions()) -> list[dict]:
+  """Analyse every kept checkpoint of ``workdir``; returns one ``emergence.step_record`` per step.
+
+  Writes ``OUT/step_<N>/`` (the full analysis of step N, as ``analyze_run``
+  writes it) for every checkpoint, then ``OUT/steps.json`` and
+  ``OUT/steps.png`` (components, leakage, sinks and, with interventions, the
+  BOS-replace removed fraction against the step). ``OUT`` defaults to
+  ``workdir/analysis_steps``; then the latest step's analysis is also copied
+  to ``workdir/analysis``, where ``--compare`` reads it. A step whose
+  ``step_<N>/summary.json`` holds an analysis with the same settings is read
+  back, not recomputed, so a rerun after more training analyses only the new
+  checkpoints.
+  """
+  config, steps = checkpoint.kept_steps(workdir)
+  root = out or os.path.join(workdir, "analysis_steps")
+  resolved_len = seq_len or config.data.seq_len
+  records = []
+  for step in steps:
+    step_out = os.path.join(root, f"step_{step}")
+    summary = _previous(os.path.join(step_out, "summary.json"), workdir, step, num_sequences, split, resolved_len,
+                        options)
+    if summary is None:
+      summary = analyze_run(workdir, step=step, out=step_out, num_sequences=num_sequences, split=split,
+                            seq_len=seq_len, options=options).summary
+    records.append(emergence.step_record(step, summary, config.train.batch_size * config.data.seq_len))
+  if jax.process_index() == 0:
+    emergence.write_steps(root, records, workdir)
+    if out is None:
+      with atomic.directory(os.path.join(workdir, "analysis"), ".analysis-") as tmp:
+        shutil.copytree(os.path.join(root, f"step_{steps[-1]}"), tmp, dirs_exist_ok=True)
+  return records
 
 
 def analyze_hf(hf_dir: str, *, out: str | None = None, num_sequences: int = 256, split: str = "validation",

@@ -1,7 +1,10 @@
 """Side-by-side comparison of analysed runs, with spread over seeds.
 
 Runs whose configs differ only in ``train.seed`` form one group; each metric is
-reported as mean +- standard deviation (ddof 1) over the group's seeds.
+reported as mean +- standard deviation (ddof 1) over the group's seeds. Runs
+whose ``metrics.jsonl`` holds the training-time emergence metrics also get
+their curves against training tokens (``emergence.png``, and per group under
+``emergence`` in ``comparison.json``; see ``analysis/emergence.py``).
 """
 
 import json
@@ -10,6 +13,7 @@ import os
 import numpy as np
 
 from abspos_jax import config as config_lib
+from abspos_jax.analysis import emergence, family
 
 # (name in the table, path into summary.json); a list value is averaged over layers.
 METRICS = (
@@ -71,7 +75,9 @@ def group_key(config: dict) -> str:
 
 
 def compare(run_dirs: list[str], out: str) -> dict:
-  """Write ``comparison.md``, ``comparison.json`` and ``comparison.png`` into ``out``."""
+  """Write ``comparison.md``, ``comparison.json``, ``comparison.png``, the family figures and numbers
+  (``family.json``, ``family_*.png``, see :mod:`abspos_jax.analysis.family`) and, with curves,
+  ``emergence.png`` to ``out``."""
   groups: dict[str, list[dict]] = {}
   for d in run_dirs:
     config, summary = load(d)
@@ -85,13 +91,19 @@ def compare(run_dirs: list[str], out: str) -> dict:
       row[name] = {"mean": float(np.nanmean(vals)) if np.isfinite(vals).any() else None,
                    "std": float(np.nanstd(vals, ddof=1)) if np.isfinite(vals).sum() > 1 else None,
                    "values": [None if not np.isfinite(v) else float(v) for v in vals]}
+    curves = {r["dir"]: emergence.run_curves(r["dir"]) for r in runs}
+    row["emergence"] = {d: c for d, c in curves.items() if c is not None}
     table[key] = row
   os.makedirs(out, exist_ok=True)
   with open(os.path.join(out, "comparison.json"), "w") as f:
     json.dump(table, f, indent=1)
+  curves = {d: c for row in table.values() for d, c in row["emergence"].items()}
+  if curves:
+    emergence.curves_figure(curves, os.path.join(out, "emergence.png"))
   with open(os.path.join(out, "comparison.md"), "w") as f:
     f.write(render(table))
   figure(table, os.path.join(out, "comparison.png"))
+  family.write({key: [r["summary"] for r in runs] for key, runs in groups.items()}, out)
   return table
 
 
@@ -107,7 +119,10 @@ def render(table: dict) -> str:
            "| group | n | " + " | ".join(names) + " |", "|---" * (len(names) + 2) + "|"]
   for key, row in table.items():
     lines.append(f"| {key} | {len(row['runs'])} | " + " | ".join(_cell(row[n]) for n in names) + " |")
-  return "\n".join(lines) + "\n\n![comparison](comparison.png)\n"
+  text = "\n".join(lines) + "\n\n![comparison](comparison.png)\n"
+  if any(row.get("emergence") for row in table.values()):
+    text += "\nEmergence metrics logged during training, against tokens:\n\n![emergence](emergence.png)\n"
+  return text
 
 
 def figure(table: dict, path: str) -> None:
@@ -123,7 +138,7 @@ def figure(table: dict, path: str) -> None:
     ax.bar(x + off, means, 0.4, yerr=errs, capsize=3, label=name)
   ax.axhline(0, color="k", lw=0.8)
   ax.set_xticks(x)
-  ax.set_xticklabels(keys, rotation=25, ha="right", fontsize=8)
+  ax.set_xticklabels(keys, rotation=25, ha="right", fontsize=7)
   ax.set_ylabel("share of query-position leakage")
   ax.set_title("Leakage components by configuration (error bars: std over seeds)")
   ax.legend(fontsize=8)

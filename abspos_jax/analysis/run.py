@@ -22,7 +22,8 @@ from abspos_jax import masks
 from abspos_jax.analysis import denominators, fixed_effects, interventions, leakage, position0, probes, sinks
 from abspos_jax.analysis.analysis_pass import (Statistic, forward, init_accumulators, make_baseline_step,
                                                make_intervention_step)
-from abspos_jax.model import Decoder
+from abspos_jax.analysis.fixed_effects import FEDesign
+from abspos_jax.model import Decoder, ModelSpec
 
 POLICIES = ("prepend", "none")
 
@@ -48,9 +49,9 @@ class AnalysisResult:
   user: dict[str, dict[str, np.ndarray]]
 
 
-def layer_visible(model: Decoder, seq_len: int) -> jax.Array:
+def layer_visible(spec: ModelSpec, seq_len: int) -> jax.Array:
   """``[T, T]`` when every layer has the same mask, else ``[L, T, T]``."""
-  windows = model.spec.layer_windows()
+  windows = spec.layer_windows()
   if len(set(windows)) == 1:
     return masks.causal_mask(seq_len, windows[0])
   return jnp.stack([masks.causal_mask(seq_len, w) for w in windows])
@@ -70,6 +71,31 @@ def _sweep(step, acc, tokens: np.ndarray, options: AnalysisOptions, desc: str, *
       acc = step(acc, jnp.asarray(tokens[start:stop]), jnp.arange(start, stop), *args)
       bar.update(stop - start)
   return acc
+
+
+def fingerprint_groups(sequences: Mapping[str, np.ndarray], vocab_size: int) -> tuple[int, np.ndarray]:
+  """One fingerprint group per first token that occurs: ``(num_groups, x0_groups int [vocab_size])``."""
+  first_tokens = np.unique(np.concatenate([np.asarray(t)[:, 0] for t in sequences.values()]))
+  x0_groups = np.zeros(vocab_size, np.int32)
+  x0_groups[first_tokens] = np.arange(len(first_tokens))
+  return len(first_tokens), x0_groups
+
+
+def finalize_core(acc: dict, visible: jax.Array, design: FEDesign,
+                  options: AnalysisOptions = AnalysisOptions()) -> dict[str, dict[str, jax.Array]]:
+  """Results of the core accumulators (``analysis_pass.init_core``); jittable.
+
+  Returns ``denominators`` (``denominators.finalize``), ``leakage``
+  (``leakage.finalize`` with ``options.early_max``), ``position0``
+  (``position0.finalize``) and ``sinks`` (``sinks.sink_statistics`` of the mean
+  sink mass with ``options.sink_min_query`` and ``options.sink_epsilon``).
+  """
+  den = denominators.finalize(acc["denominators"], visible)
+  return {"denominators": den,
+          "leakage": leakage.finalize(acc["leakage"], design, early_max=options.early_max),
+          "position0": position0.finalize(acc["position0"]),
+          "sinks": sinks.sink_statistics(den["sink_mass"], min_query=options.sink_min_query,
+                                         epsilon=options.sink_epsilon)}
 
 
 def _tolist(x) -> Any:
@@ -136,26 +162,18 @@ def analyze(model: Decoder, sequences: Mapping[str, np.ndarray], *, main: str = 
   if spec.position == "learned" and seq_len > spec.max_len:
     raise ValueError(f"sequences of {seq_len} tokens exceed the {spec.max_len} learned positions")
   graphdef, params = nnx.split(model, nnx.Param)
-  visible = layer_visible(model, seq_len)
+  visible = layer_visible(spec, seq_len)
   design = fixed_effects.make_design(visible)
   L = spec.num_layers
 
-  # Fingerprint groups: one per first token that occurs, not one per vocabulary entry.
-  first_tokens = np.unique(np.concatenate([np.asarray(t)[:, 0] for t in sequences.values()]))
-  x0_groups = np.zeros(spec.vocab_size, np.int32)
-  x0_groups[first_tokens] = np.arange(len(first_tokens))
+  num_groups, x0_groups = fingerprint_groups(sequences, spec.vocab_size)
   baseline_step = jax.jit(make_baseline_step(graphdef, visible, statistics, jnp.asarray(x0_groups)))
   finals = {}
   for policy, toks in sequences.items():
-    acc = init_accumulators(spec, seq_len, statistics, num_groups=len(first_tokens))
+    acc = init_accumulators(spec, seq_len, statistics, num_groups=num_groups)
     acc = _sweep(lambda a, t, s: baseline_step(params, a, t, s), acc, toks, options, f"analysis[{policy}]")
-    den = denominators.finalize(acc["denominators"], visible)
     finals[policy] = {
-        "acc": acc, "denominators": den,
-        "leakage": leakage.finalize(acc["leakage"], design, early_max=options.early_max),
-        "position0": position0.finalize(acc["position0"]),
-        "sinks": sinks.sink_statistics(den["sink_mass"], min_query=options.sink_min_query,
-                                       epsilon=options.sink_epsilon),
+        "acc": acc, **finalize_core(acc, visible, design, options),
         "probe_resid": probes.finalize(acc["probe_resid"], ridge=options.probe_ridge),
         "probe_attn": probes.finalize(acc["probe_attn"], ridge=options.probe_ridge),
     }

@@ -1,5 +1,9 @@
-"""Data: byte tokenizer, TFDS builders, the synthetic language, grain pipeline."""
+"""Data: byte tokenizer, TFDS builders, the synthetic languages, grain pipeline."""
 
+from abspos_jax.data.backcopy import (
+    BackcopyParams,
+    backcopy_statistics,
+)
 from abspos_jax.data.builders import (
     BUILTIN_NAMES,
     get_data_sources,

@@ -7,6 +7,7 @@ they are read with ``as_data_source`` and grain, no TensorFlow needed):
   CPython's standard library plus the ``pydoc_data`` documentation topics.
 - ``text_files``: the user's own files (``data.files``).
 - ``synthetic``: the seeded language of ``abspos_jax.data.synthetic``.
+- ``backcopy``: the seeded Bigram-Backcopy language of ``abspos_jax.data.backcopy``.
 
 Validation is split by file, never inside a file: ``validation_hash`` of a
 file's relative path puts it in ``validation`` when below the fraction.
@@ -30,9 +31,9 @@ from typing import Any
 
 import tensorflow_datasets as tfds
 
-from abspos_jax.data import synthetic
+from abspos_jax.data import backcopy, synthetic
 
-BUILTIN_NAMES = ("stdlib_text", "text_files", "synthetic")
+BUILTIN_NAMES = ("stdlib_text", "text_files", "synthetic", "backcopy")
 STDLIB_VALIDATION_FRACTION = 0.05
 _EXCLUDED_DIRS = frozenset({"site-packages", "dist-packages", "__pycache__"})
 
@@ -307,14 +308,14 @@ class TextFiles(_TextBuilder):
       yield key, {"text": Path(path).read_bytes()[start:stop].decode("utf-8")}
 
 
-# --- synthetic -------------------------------------------------------------
+# --- synthetic and backcopy -----------------------------------------------
 
 
 @dataclasses.dataclass(eq=False)
 class SyntheticConfig(tfds.core.BuilderConfig):
-  """Language params and the number of train documents."""
+  """Language params (`SyntheticParams` or `BackcopyParams`) and the number of train documents."""
 
-  params: synthetic.SyntheticParams = synthetic.SyntheticParams()
+  params: Any = synthetic.SyntheticParams()
   train_docs: int = 2000
 
   @property
@@ -323,14 +324,18 @@ class SyntheticConfig(tfds.core.BuilderConfig):
 
 
 def synthetic_config(data_cfg: Any) -> SyntheticConfig:
-  """Config named by seed, size and a hash of all language params."""
-  params = synthetic.params_from_config(data_cfg)
+  """Config of `data.name` synthetic or backcopy, named by seed, size and a hash of all language params.
+
+  So a changed knob gets its own build, never a stale one.
+  """
+  language = backcopy if data_cfg.name == "backcopy" else synthetic
+  params = language.params_from_config(data_cfg)
   docs = int(data_cfg.synthetic_docs)
   if docs < 1:
     raise ValueError(f"data.synthetic_docs must be >= 1, got {docs}")
   return SyntheticConfig(
       name=f"seed{params.seed}_docs{docs}_{_fingerprint(params)}",
-      description=f"synthetic language {params}",
+      description=f"{data_cfg.name} language {params}",
       params=params,
       train_docs=docs,
   )
@@ -339,14 +344,22 @@ def synthetic_config(data_cfg: Any) -> SyntheticConfig:
 class Synthetic(_TextBuilder):
   """Documents of the seeded synthetic language (abspos_jax.data.synthetic)."""
 
+  language = synthetic  # the module whose `split_documents` generates the text
+
   def _split_generators(self, dl_manager):
     del dl_manager
     return {split: self._generate_examples(split, n) for split, n in self.builder_config.num_docs.items()}
 
   def _generate_examples(self, split, num_docs):
-    docs = synthetic.split_documents(self.builder_config.params, split, num_docs)
+    docs = self.language.split_documents(self.builder_config.params, split, num_docs)
     for i, text in enumerate(docs):
       yield f"{split}/{i:08d}", {"text": text}
+
+
+class Backcopy(Synthetic):
+  """Documents of the seeded Bigram-Backcopy language (abspos_jax.data.backcopy)."""
+
+  language = backcopy
 
 
 # --- data sources ----------------------------------------------------------
@@ -379,7 +392,7 @@ def _builtin_builder(data_cfg: Any, data_dir: Path) -> tfds.core.DatasetBuilder:
   elif data_cfg.name == "text_files":
     cls, config = TextFiles, text_files_config(data_cfg.files, float(data_cfg.validation_fraction))
   else:
-    cls, config = Synthetic, synthetic_config(data_cfg)
+    cls, config = (Backcopy if data_cfg.name == "backcopy" else Synthetic), synthetic_config(data_cfg)
   make = lambda: cls(config=config, data_dir=os.fspath(data_dir), file_format="array_record")
   with _quiet_tfds():
     builder = make()

@@ -51,8 +51,10 @@ from typing import Any
 
 import numpy as np
 
+from abspos_jax.data import markov
+
 LOCAL, FRESH, COPY = 0, 1, 2
-SPLIT_CODES = {"train": 1, "validation": 2}  # 0 is the lexicon's stream
+SPLIT_CODES = markov.SPLIT_CODES  # 0 is the lexicon's stream
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,21 +118,13 @@ def _lexicon(seed: int, vocab: int, branching: int, zipf: float) -> _Lexicon:
     if word not in seen:
       seen.add(word)
       words.append(word)
-  unigram = np.arange(1, vocab + 1, dtype=np.float64) ** -zipf
-  unigram /= unigram.sum()
-  successors = np.stack([rng.choice(vocab, size=branching, replace=False, p=unigram) for _ in range(vocab)])
-  successor_p = 1.0 / np.arange(1, branching + 1)
+  unigram = markov.zipf_weights(vocab, zipf)
   return _Lexicon(
       words=tuple(words),
       unigram_cdf=np.cumsum(unigram),
-      successors=successors,
-      successor_cdf=np.cumsum(successor_p / successor_p.sum()),
+      successors=markov.successor_table(rng, unigram, branching),
+      successor_cdf=np.cumsum(markov.successor_weights(branching)),
   )
-
-
-def _sample(cdf: np.ndarray, u: np.ndarray | float) -> np.ndarray:
-  # Inverse-CDF sampling; the clip guards against float round-off at the top.
-  return np.minimum(np.searchsorted(cdf, u, side="right"), len(cdf) - 1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -176,9 +170,9 @@ def generate_annotated_document(rng: np.random.Generator, params: SyntheticParam
   num_echoes = num_recalls = 0
   for _ in range(int(rng.integers(params.min_sentences, params.max_sentences + 1))):
     n_words = int(rng.integers(params.min_words, params.max_words + 1))
-    word = int(_sample(lex.unigram_cdf, rng.random()))
+    word = int(markov.sample(lex.unigram_cdf, rng.random()))
     ids = [word]
-    for k in _sample(lex.successor_cdf, rng.random(n_words - 1)):
+    for k in markov.sample(lex.successor_cdf, rng.random(n_words - 1)):
       word = int(lex.successors[word, k])
       ids.append(word)
     sentence = " ".join(lex.words[i] for i in ids) + ". "
@@ -227,9 +221,7 @@ def generate_document(rng: np.random.Generator, params: SyntheticParams) -> str:
 
 def document_rng(params: SyntheticParams, split: str, index: int) -> np.random.Generator:
   """The generator of document `index` of `split`; splits never share a stream."""
-  if split not in SPLIT_CODES:
-    raise ValueError(f"synthetic split must be one of {sorted(SPLIT_CODES)}, got {split!r}")
-  return np.random.default_rng([params.seed, SPLIT_CODES[split], index])
+  return markov.document_rng(params.seed, split, index)
 
 
 def split_documents(params: SyntheticParams, split: str, num_docs: int) -> Iterator[str]:

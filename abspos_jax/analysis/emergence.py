@@ -1,0 +1,164 @@
+"""Emergence over training: the hook's curves against tokens, and the analysis of every kept checkpoint.
+
+* :func:`run_curves` reads the metrics that the training-time emergence hook
+  (``abspos_jax/emergence.py``) logs into ``metrics.jsonl``;
+  :func:`curves_figure` plots them against training tokens, one panel per
+  quantity and one line per run (``analyze.py --compare`` writes it as
+  ``emergence.png``).
+* :func:`step_record` condenses one checkpoint's ``summary.json`` into the
+  numbers that follow sinks forming; :func:`write_steps` writes them for every
+  analysed checkpoint of a run as ``steps.json`` and ``steps.png``
+  (``analyze.py --all_steps``).
+"""
+
+import json
+import os
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+from abspos_jax.metrics import read_metrics  # noqa: E402
+
+# (key in a run's curves, panel title); one panel each in emergence.png.
+CURVES = (
+    ("sink_rate_max", "sink rate (eps 0.3), max over layers"),
+    ("sink_score_max", "largest mean sink mass of a head"),
+    ("pos0_norm_ratio_last", "pos-0 / other norm ratio, last layer"),
+    ("residual_stream_share", "residual-stream share (pooled)"),
+    ("leakage_log_weights", "leakage of log a (held-out R^2 gain)"),
+    ("val_loss", "validation loss (nats/token)"),
+)
+
+
+def run_curves(run_dir: str) -> dict[str, list] | None:
+  """The emergence curves of a run, or None when its ``metrics.jsonl`` holds none.
+
+  Returns lists over the evaluation records (those with ``sink_score_max``):
+  ``step``, ``tokens``, ``sink_rate_max`` and ``sink_rate_mean`` (max and mean
+  of ``sink_rate_l{l}`` over layers), ``pos0_norm_ratio_last``
+  (``pos0_norm_ratio_l{L}``), and ``sink_score_max``, ``residual_stream_share``,
+  ``causal_mask_share``, ``leakage_log_weights``, ``val_loss``,
+  ``emergence_fraction`` as logged (None where a value is missing or NaN).
+  """
+  if not os.path.exists(os.path.join(run_dir, "metrics.jsonl")):
+    return None
+  records = [r for r in read_metrics(run_dir) if "sink_score_max" in r]
+  if not records:
+    return None
+
+  def clean(v) -> float | None:
+    return None if v is None or not np.isfinite(v) else float(v)
+
+  out: dict[str, list] = {k: [] for k in ("step", "tokens", "sink_rate_max", "sink_rate_mean",
+                                          "pos0_norm_ratio_last")}
+  passthrough = ("sink_score_max", "residual_stream_share", "causal_mask_share", "leakage_log_weights", "val_loss",
+                 "emergence_fraction")
+  out.update({k: [] for k in passthrough})
+  for r in records:
+    rates = np.array([v for k, v in r.items() if k.startswith("sink_rate_l")], float)
+    ratios = sorted((int(k[len("pos0_norm_ratio_l"):]), v) for k, v in r.items() if k.startswith("pos0_norm_ratio_l"))
+    out["step"].append(int(r["step"]))
+    out["tokens"].append(clean(r.get("tokens")))
+    out["sink_rate_max"].append(clean(rates.max()) if rates.size else None)
+    out["sink_rate_mean"].append(clean(rates.mean()) if rates.size else None)
+    out["pos0_norm_ratio_last"].append(clean(ratios[-1][1]) if ratios else None)
+    for k in passthrough:
+      out[k].append(clean(r.get(k)))
+  return out
+
+
+def _values(x: list) -> np.ndarray:
+  return np.array([np.nan if v is None else v for v in x], float)
+
+
+def curves_figure(curves: dict[str, dict[str, list]], path: str) -> None:
+  """``emergence.png``: one panel per :data:`CURVES` entry against training tokens, one line per run (its label)."""
+  cols = 3
+  rows = -(-len(CURVES) // cols)
+  fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.0 * rows), squeeze=False)
+  for ax, (key, title) in zip(axes.flat, CURVES):
+    for label, c in curves.items():
+      ax.plot(_values(c["tokens"]), _values(c[key]), "o-", ms=3, lw=1.2, label=label)
+    ax.set_title(title, fontsize=9)
+    ax.set_xlabel("training tokens")
+    ax.ticklabel_format(axis="x", style="sci", scilimits=(0, 0))
+  for ax in list(axes.flat)[len(CURVES):]:
+    ax.axis("off")
+  axes[0, 0].set_ylim(-0.05, 1.05)  # a fraction of heads
+  axes[0, 1].axhline(0.3, color="k", ls="--", lw=0.8)  # the sink-head threshold epsilon
+  axes[0, 0].legend(fontsize=7)
+  fig.suptitle("Emergence during training (fixed validation batch at every evaluation)")
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+
+
+def step_record(step: int, summary: dict, tokens_per_step: int | None = None) -> dict:
+  """The numbers of checkpoint ``step``'s analysis (its ``summary.json``) that ``steps.json`` tracks.
+
+  ``step``, ``tokens`` (``step * tokens_per_step``, None without it),
+  ``leakage_log_weights``, pooled ``causal_mask_share``,
+  ``residual_stream_share``, ``leakage_share`` and their ``*_early`` variants,
+  ``sink_score_max``, ``sink_rate`` (per layer) and, when interventions ran,
+  ``bos_replace``: per replacement kind the ``residual_stream_removed`` and
+  ``causal_mask_removed`` fractions, all and early queries.
+  """
+  c = summary["components"]
+  rec = {"step": step, "tokens": None if tokens_per_step is None else step * tokens_per_step,
+         "leakage_log_weights": summary["leakage"]["log_weights_overall"],
+         "sink_score_max": summary["sink_score_max"], "sink_rate": summary["sink_rate"]}
+  for suffix in ("", "_early"):
+    pooled = c["pooled" + suffix]
+    rec["causal_mask_share" + suffix] = pooled["causal_mask"]
+    rec["residual_stream_share" + suffix] = pooled["residual_stream"]
+    rec["leakage_share" + suffix] = pooled["leakage_share"]
+  iv = summary.get("interventions")
+  if iv:
+    rec["bos_replace"] = {kind: {f"{comp}_removed{suffix}": v[f"{comp}_removed{suffix}"]
+                                 for comp in ("residual_stream", "causal_mask") for suffix in ("", "_early")}
+                          for kind, v in iv["bos_replace"].items() if isinstance(v, dict)}
+  return rec
+
+
+def write_steps(out: str, records: list[dict], workdir: str) -> None:
+  """``steps.json`` (``{"workdir", "steps": [step_record, ...]}``, by step) and ``steps.png`` into ``out``."""
+  records = sorted(records, key=lambda r: r["step"])
+  with open(os.path.join(out, "steps.json"), "w") as f:
+    json.dump({"workdir": os.path.abspath(workdir), "steps": records}, f, indent=1)
+  step = np.array([r["step"] for r in records])
+  get = lambda key: _values([r[key] for r in records])  # noqa: E731
+  has_iv = all("bos_replace" in r and "mean" in r["bos_replace"] for r in records)
+  fig, axes = plt.subplots(1, 4 if has_iv else 3, figsize=(17 if has_iv else 13, 3.4))
+  for comp, color in (("causal_mask", "C0"), ("residual_stream", "C1")):
+    for suffix, ls in (("", "-"), ("_early", "--")):
+      label = comp.replace("_", " ") + (" (early queries)" if suffix else " (all queries)")
+      axes[0].plot(step, get(f"{comp}_share{suffix}"), "o" + ls, color=color, ms=3, label=label)
+  axes[0].axhline(0.0, color="k", lw=0.6)
+  axes[0].set_title("share of query-position leakage of log a", fontsize=9)
+  axes[0].legend(fontsize=7)
+  axes[1].plot(step, get("leakage_log_weights"), "o-", ms=3, label="held-out R^2 gain")
+  axes[1].plot(step, get("leakage_share"), "o--", ms=3, label="Var(phi_loga) / Var(log a)")
+  axes[1].set_title("leakage of log a (pooled)", fontsize=9)
+  axes[1].legend(fontsize=7)
+  axes[2].plot(step, get("sink_score_max"), "o-", ms=3, label="largest mean sink mass")
+  axes[2].plot(step, [np.nanmax(_values(r["sink_rate"])) for r in records], "o--", ms=3,
+               label="sink rate, max over layers")
+  axes[2].axhline(0.3, color="k", ls=":", lw=0.8)
+  axes[2].set_title("sinks (threshold 0.3 dotted)", fontsize=9)
+  axes[2].legend(fontsize=7)
+  if has_iv:
+    for suffix, ls in (("", "-"), ("_early", "--")):
+      axes[3].plot(step, _values([r["bos_replace"]["mean"][f"residual_stream_removed{suffix}"] for r in records]),
+                   "o" + ls, color="C1", ms=3, label="all queries" if not suffix else "early queries")
+    axes[3].axhline(0.0, color="k", lw=0.6)
+    axes[3].set_title("BOS-replace[mean]: residual-stream part removed", fontsize=9)
+    axes[3].legend(fontsize=7)
+  for ax in axes:
+    ax.set_xlabel("training step")
+  fig.suptitle(f"Analysis of every kept checkpoint of {workdir}")
+  fig.tight_layout()
+  fig.savefig(os.path.join(out, "steps.png"), dpi=110)
+  plt.close(fig)

@@ -1,0 +1,186 @@
+"""Figures and numbers of a model family: per-layer and per-intervention results, mean ± std over seeds.
+
+``analyze.py --compare`` groups analysed runs whose configs differ only in
+``train.seed`` (``compare.group_key``). For each group this module reads, from
+every run's ``summary.json``:
+
+* ``layers``: per layer, the causal-mask and residual-stream shares
+  (``components.causal_mask`` / ``residual_stream`` and their ``_early``
+  variants), the sink rate and ``position0.norm_ratio`` (embedding included);
+* ``fingerprint``: ``fingerprint.bos`` and ``fingerprint.no_bos`` per depth
+  (``L + 1`` entries);
+* ``interventions``: the fraction of the residual-stream component each
+  intervention removes, pooled and at early queries.
+
+and writes ``family.json`` (means, stds over seeds with ddof 1, and the seed
+values) plus ``family_layers.png``, ``family_interventions.png`` and
+``family_fingerprint.png``. Groups differ in depth, so per-layer arrays are
+kept per group (never averaged across depths).
+"""
+
+import json
+import os
+import warnings
+
+import numpy as np
+
+LAYER_KEYS = {
+    "causal_mask": ("components", "causal_mask"),
+    "residual_stream": ("components", "residual_stream"),
+    "causal_mask_early": ("components", "causal_mask_early"),
+    "residual_stream_early": ("components", "residual_stream_early"),
+    "sink_rate": ("sink_rate",),
+    "pos0_norm_ratio": ("position0", "norm_ratio"),
+    "fingerprint_bos": ("fingerprint", "bos"),
+    "fingerprint_no_bos": ("fingerprint", "no_bos"),
+}
+INTERVENTIONS = ("bos_replace.mean", "bos_replace.token", "bos_replace.zeros", "bos_replace.random", "pos0_patch",
+                 "sink_ablate")
+
+
+def _lookup(summary: dict, path: tuple):
+  x = summary
+  for key in path:
+    if not isinstance(x, dict) or key not in x:
+      return None
+    x = x[key]
+  return x
+
+
+def _array(x) -> np.ndarray:
+  return np.array([np.nan if v is None else v for v in (x if isinstance(x, list) else [x])], float)
+
+
+def _stat(values: list[np.ndarray]) -> dict:
+  """Mean and std (ddof 1) over seeds of equally shaped arrays; NaN-aware."""
+  a = np.stack(values)
+  with warnings.catch_warnings():  # all-NaN slices (e.g. a layer without early queries) stay NaN quietly
+    warnings.simplefilter("ignore", RuntimeWarning)
+    mean = np.nanmean(a, 0)
+    std = np.nanstd(a, 0, ddof=1) if len(a) > 1 else np.full(a.shape[1:], np.nan)
+  clean = lambda v: [None if not np.isfinite(x) else float(x) for x in np.atleast_1d(v)]
+  return {"mean": clean(mean), "std": clean(std), "values": [clean(v) for v in a]}
+
+
+def summarise(groups: dict[str, list[dict]]) -> dict:
+  """``{group: {"layers": {key: stat}, "interventions": {name: {"pooled": stat, "early": stat}}}}``.
+
+  ``groups`` maps a group label to its runs' ``summary.json`` dicts.
+  """
+  out = {}
+  for label, summaries in groups.items():
+    entry: dict = {"num_runs": len(summaries), "layers": {}, "interventions": {}}
+    for key, path in LAYER_KEYS.items():
+      vals = [_array(_lookup(s, path)) for s in summaries if _lookup(s, path) is not None]
+      if vals and len({v.shape for v in vals}) == 1:
+        entry["layers"][key] = _stat(vals)
+    for name in INTERVENTIONS:
+      path = ("interventions", *name.split("."))
+      found = [_lookup(s, path) for s in summaries]
+      if all(isinstance(f, dict) for f in found):
+        entry["interventions"][name] = {
+            scope: _stat([_array(f.get(f"residual_stream_removed{suffix}")) for f in found])
+            for scope, suffix in (("pooled", ""), ("early", "_early"))}
+    out[label] = entry
+  return out
+
+
+def short_labels(labels: list[str]) -> dict[str, str]:
+  """Figure labels: ``compare.group_key`` labels without the ``[...]`` of settings that all groups share."""
+  parts = {label: label.split(" [", 1) for label in labels}
+  shared = {p[1] for p in parts.values() if len(p) == 2}
+  if len(shared) == 1 and all(len(p) == 2 for p in parts.values()):
+    return {label: p[0] for label, p in parts.items()}
+  return {label: label for label in labels}
+
+
+def write(groups: dict[str, list[dict]], out: str) -> dict:
+  """``family.json`` and the three figures in ``out``; returns the summary."""
+  table = summarise(groups)
+  with open(os.path.join(out, "family.json"), "w") as f:
+    json.dump(table, f, indent=1)
+  if table:
+    short = short_labels(list(table))
+    plotted = {short[k]: v for k, v in table.items()}
+    _layers_figure(plotted, os.path.join(out, "family_layers.png"))
+    _interventions_figure(plotted, os.path.join(out, "family_interventions.png"))
+    _fingerprint_figure(plotted, os.path.join(out, "family_fingerprint.png"))
+  return table
+
+
+def _band(ax, x, stat: dict, label: str, **kw) -> None:
+  mean, std = _array(stat["mean"]), np.nan_to_num(_array(stat["std"]))
+  line, = ax.plot(x, mean, "o-", label=label, ms=3, **kw)
+  ax.fill_between(x, mean - std, mean + std, color=line.get_color(), alpha=0.2)
+
+
+def _plt():
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  return plt
+
+
+def _layers_figure(table: dict, path: str) -> None:
+  plt = _plt()
+  panels = (("residual_stream", "residual-stream share"), ("residual_stream_early", "residual-stream share, early"),
+            ("sink_rate", "sink rate (eps 0.3)"), ("pos0_norm_ratio", "pos-0 / other norm ratio"))
+  fig, axes = plt.subplots(1, len(panels), figsize=(4.0 * len(panels), 3.4))
+  for ax, (key, title) in zip(axes, panels):
+    for label, entry in table.items():
+      if key in entry["layers"]:
+        stat = entry["layers"][key]
+        start = 0 if key == "pos0_norm_ratio" else 1  # norm ratios include the embedding (depth 0)
+        _band(ax, np.arange(start, start + len(stat["mean"])), stat, label)
+    ax.set_title(title, fontsize=9)
+    ax.set_xlabel("layer" if key != "pos0_norm_ratio" else "depth (0 = embedding)")
+    ax.axhline(0, color="k", lw=0.6)
+  axes[0].legend(fontsize=6)
+  fig.suptitle("Per layer, mean ± std over seeds", fontsize=10)
+  fig.tight_layout()
+  fig.savefig(path, dpi=100)
+  plt.close(fig)
+
+
+def _interventions_figure(table: dict, path: str) -> None:
+  plt = _plt()
+  labels = [k for k in table if table[k]["interventions"]]
+  if not labels:
+    return
+  fig, axes = plt.subplots(1, 2, figsize=(max(8, 1.6 * len(labels) * 2), 3.6), sharey=True)
+  width = 0.8 / len(INTERVENTIONS)
+  x = np.arange(len(labels))
+  for ax, scope in zip(axes, ("early", "pooled")):
+    for k, name in enumerate(INTERVENTIONS):
+      means = [(_array(table[g]["interventions"][name][scope]["mean"])[0]
+                if name in table[g]["interventions"] else np.nan) for g in labels]
+      errs = [np.nan_to_num(_array(table[g]["interventions"][name][scope]["std"])[0])
+              if name in table[g]["interventions"] else 0.0 for g in labels]
+      ax.bar(x + (k - len(INTERVENTIONS) / 2 + 0.5) * width, means, width, yerr=errs, capsize=2, label=name)
+    ax.axhline(0, color="k", lw=0.6)
+    ax.axhline(0.4, color="gray", lw=0.8, ls="--")
+    ax.set_xticks(x)
+    ax.set_xticklabels(labels, rotation=30, ha="right", fontsize=7)
+    ax.set_title(f"residual-stream component removed ({scope} queries)", fontsize=9)
+  axes[0].set_ylabel("fraction removed (dashed: the paper's ~0.4)")
+  axes[1].legend(fontsize=6)
+  fig.tight_layout()
+  fig.savefig(path, dpi=100)
+  plt.close(fig)
+
+
+def _fingerprint_figure(table: dict, path: str) -> None:
+  plt = _plt()
+  fig, axes = plt.subplots(1, 2, figsize=(9, 3.4), sharey=True)
+  for ax, key, title in ((axes[0], "fingerprint_bos", "BOS at position 0"),
+                         (axes[1], "fingerprint_no_bos", "text token at position 0")):
+    for label, entry in table.items():
+      if key in entry["layers"]:
+        stat = entry["layers"][key]
+        _band(ax, np.arange(len(stat["mean"])), stat, label)
+    ax.set_title(f"spread of h_0 across inputs / its norm: {title}", fontsize=9)
+    ax.set_xlabel("depth (0 = embedding)")
+  axes[0].legend(fontsize=6)
+  fig.tight_layout()
+  fig.savefig(path, dpi=100)
+  plt.close(fig)

@@ -1,0 +1,120 @@
+"""Emergence metrics during training: sinks, position 0 and leakage at every evaluation.
+
+With ``train.emergence`` (the default), :class:`EmergenceHook` runs at every
+``train.eval_every`` step on a fixed batch of ``train.emergence_sequences``
+validation sequences (``data.eval_sequences`` under the run's ``data.bos``,
+the sequences ``analyze.py`` would take first). It is the analysis pass's core
+step (``analysis_pass.make_core_step``: one forward through the hook points,
+the denominator, leakage and position-0 accumulators) followed by
+``run.finalize_core``, the code ``analyze.py`` runs, traced into one jitted
+function of the parameters, compiled once per run. It reads no training
+randomness and never touches the training data iterator, so the training
+losses are the same with it on or off.
+
+Logged keys (definitions and formulas: ``docs/emergence.md``,
+``docs/estimators.md``), per layer ``l`` of ``L``:
+
+* ``sink_rate_l{l}`` (``l < L``): fraction of heads whose mean weight on key 0
+  over queries ``i >= 4`` exceeds 0.3 (summary.json ``sink_rate``);
+* ``sink_score_max``: the largest such mean over all heads;
+* ``pos0_norm_ratio_l{l}`` (``l <= L``, 0 = embedding output):
+  ``mean ||h_0^l|| / mean_{i >= 1} ||h_i^l||``;
+* ``leakage_log_weights``: held-out leakage of the log-weights, mean over heads;
+* ``causal_mask_share``, ``residual_stream_share`` (and ``*_early``, queries
+  ``1 <= i < 16``): the pooled exact split of the query-position effect;
+* ``emergence_seconds``: wall time of this evaluation;
+* ``emergence_fraction``: the hook's time so far (its compilation included)
+  over the wall time since it was built (in this process).
+
+Parameters stay as training shards them: the jitted function takes them as
+an argument, and its other inputs are replicated over the training mesh.
+"""
+
+import logging
+import time
+
+import jax
+import ml_collections
+import numpy as np
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from abspos_jax import data
+from abspos_jax.analysis import fixed_effects
+from abspos_jax.analysis.analysis_pass import init_core, make_core_step
+from abspos_jax.analysis.run import AnalysisOptions, finalize_core, fingerprint_groups, layer_visible
+from abspos_jax.config import ConfigError
+from abspos_jax.model import ModelSpec
+
+log = logging.getLogger("abspos_jax")
+
+
+def metric_names(num_layers: int) -> list[str]:
+  """The statistics' keys in a metrics record (``emergence_seconds`` and ``emergence_fraction`` aside)."""
+  return ([f"sink_rate_l{l}" for l in range(num_layers)] + ["sink_score_max"]
+          + [f"pos0_norm_ratio_l{l}" for l in range(num_layers + 1)]
+          + ["leakage_log_weights", "causal_mask_share", "residual_stream_share",
+             "causal_mask_share_early", "residual_stream_share_early"])
+
+
+def metrics_from_core(fin: dict[str, dict[str, jax.Array]]) -> dict[str, jax.Array]:
+  """The logged statistics from ``run.finalize_core``'s results (scalars, keyed as :func:`metric_names`)."""
+  sink_rate, ratio = fin["sinks"]["sink_rate"], fin["position0"]["pos0_norm_ratio"]
+  lk = fin["leakage"]
+  return {**{f"sink_rate_l{l}": sink_rate[l] for l in range(sink_rate.shape[0])},
+          "sink_score_max": fin["sinks"]["sink_score_max"],
+          **{f"pos0_norm_ratio_l{l}": ratio[l] for l in range(ratio.shape[0])},
+          "leakage_log_weights": lk["leakage_loga_overall"],
+          "causal_mask_share": lk["share_mask_overall"], "residual_stream_share": lk["share_res_overall"],
+          "causal_mask_share_early": lk["early_share_mask_overall"],
+          "residual_stream_share_early": lk["early_share_res_overall"]}
+
+
+class EmergenceHook:
+  """``hook(params) -> [{key: float}]``: the emergence metrics of the training parameters, one dict per run.
+
+  Built once per run (it compiles there); ``params`` must have the shapes and
+  shardings of ``params`` given to the constructor. ``num_runs = K > 0``: the
+  params are K runs stacked on a leading seed axis (``train_seeds``), each
+  evaluated on the same sequences in one vmapped call.
+  """
+
+  def __init__(self, config: ml_collections.ConfigDict, graphdef: nnx.GraphDef, params, mesh: Mesh,
+               options: AnalysisOptions = AnalysisOptions(), num_runs: int = 0):
+    self._started = time.perf_counter()
+    spec = ModelSpec.from_config(config)
+    n = config.train.emergence_sequences
+    try:
+      self.tokens = data.eval_sequences(config.data, num_sequences=n)[:, :-1]  # model inputs [N, T]
+    except ValueError as e:
+      raise ConfigError(f"config.train.emergence_sequences={n} is too large: {e}") from e
+    seq_len = self.tokens.shape[1]
+    visible = layer_visible(spec, seq_len)
+    design = fixed_effects.make_design(visible)
+    num_groups, x0_groups = fingerprint_groups({config.data.bos: self.tokens}, spec.vocab_size)
+
+    def evaluate(params, tokens, seq_ids, visible, design, x0_groups):
+      acc = make_core_step(graphdef, visible, x0_groups)(params, init_core(spec, seq_len, num_groups),
+                                                         tokens, seq_ids)
+      return metrics_from_core(finalize_core(acc, visible, design, options))
+
+    replicated = NamedSharding(mesh, PartitionSpec())
+    # Every process holds the same values: a replicated global array (one or many processes).
+    self._inputs = jax.tree.map(lambda x: jax.make_array_from_process_local_data(replicated, np.asarray(x)),
+                                (self.tokens, np.arange(n, dtype=np.int32), visible, design, x0_groups))
+    if num_runs:  # params stacked on a leading seed axis (train_seeds): one evaluation per run
+      evaluate = jax.vmap(evaluate, in_axes=(0, None, None, None, None, None))
+    self._num_runs = max(num_runs, 1)
+    self._fn = jax.jit(evaluate, out_shardings=replicated).lower(params, *self._inputs).compile()
+    self._spent = time.perf_counter() - self._started  # compilation counts as the hook's cost
+    log.info("emergence hook: %d sequences, compiled in %.1f s", n, self._spent)
+
+  def __call__(self, params) -> list[dict[str, float]]:
+    """One metrics dict per run: a single one, or ``num_runs`` for params stacked on a seed axis."""
+    jax.block_until_ready(params)  # time the hook, not training steps still in flight
+    start = time.perf_counter()
+    out = {k: np.reshape(v, (self._num_runs,)) for k, v in jax.device_get(self._fn(params, *self._inputs)).items()}
+    seconds = time.perf_counter() - start
+    self._spent += seconds
+    timing = {"emergence_seconds": seconds, "emergence_fraction": self._spent / (time.perf_counter() - self._started)}
+    return [{**{k: float(v[i]) for k, v in out.items()}, **timing} for i in range(self._num_runs)]

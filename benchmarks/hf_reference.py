@@ -1,0 +1,110 @@
+"""The analysis a user would write today: transformers' eager forward plus NumPy statistics.
+
+``HFAnalysis`` runs an exported model (:func:`abspos_jax.interop.hf.export`) with
+``output_attentions=True`` and ``output_hidden_states=True``, batch by batch,
+captures q and k with forward hooks on ``q_proj`` / ``k_proj`` (transformers
+returns weights, not logits, and ``log Z`` cannot be read off the weights
+alone), rebuilds the logits ``s_ij = R(i) q_i . R(j) k_j / sqrt(d_h)`` in NumPy
+and folds the batch into the same sufficient statistics our pass keeps:
+
+* denominators per (layer, head, query): sums and sums of squares of ``log Z``,
+  the excess ``log Z - log|V(i)|``, entropy, max weight, sink mass ``a_i0``;
+* leakage: per-cell sums and sums of squares of ``s`` and ``log a`` for each
+  half of the sequences (``[L, H, 2, T, T]`` each);
+* position 0: summed norms of ``h_0^l`` and of the other positions' states.
+
+Batches are folded in as they come (never the whole cache), which is the
+memory-friendly way to write it; the attention tensors of one batch,
+``[L, B, H, T, T]``, still come to the host.
+"""
+
+import numpy as np
+import torch
+
+
+def rope_numpy(x: np.ndarray, base: float) -> np.ndarray:
+  """Half-split RoPE of ``x [B, H, T, d_h]`` at positions ``0 .. T-1`` (transformers' ``rotate_half``)."""
+  t, d = x.shape[-2], x.shape[-1]
+  inv = 1.0 / base ** (np.arange(0, d, 2, dtype=np.float32) / d)
+  freqs = np.arange(t, dtype=np.float32)[:, None] * inv
+  emb = np.concatenate([freqs, freqs], -1)
+  x1, x2 = np.split(x, 2, -1)
+  return x * np.cos(emb) + np.concatenate([-x2, x1], -1) * np.sin(emb)
+
+
+class HFAnalysis:
+  """Accumulates the statistics above over batches of ``tokens [B, T]`` for a transformers Llama/Mistral model."""
+
+  def __init__(self, model, seq_len: int):
+    cfg = model.config
+    self.model = model.eval()
+    self.heads, self.layers = cfg.num_attention_heads, cfg.num_hidden_layers
+    self.head_dim = cfg.hidden_size // self.heads
+    self.base = float(cfg.rope_parameters["rope_theta"]) if getattr(cfg, "rope_parameters", None) else cfg.rope_theta
+    self.visible = np.tri(seq_len, dtype=bool)
+    self.log_v = np.log(self.visible.sum(-1)).astype(np.float32)
+    self.captured: dict[str, torch.Tensor] = {}
+    for l, layer in enumerate(model.model.layers):
+      for name in ("q_proj", "k_proj"):
+        getattr(layer.self_attn, name).register_forward_hook(
+            lambda mod, inp, out, key=f"{l}.{name}": self.captured.__setitem__(key, out.detach()))
+    t, L, H = seq_len, self.layers, self.heads
+    self.acc = {"n": 0, "ref": {}, "s1": {}, "s2": {},
+                "pos0_norm": np.zeros(L + 1), "rest_norm": np.zeros(L + 1)}
+    for q in ("log_z", "excess", "entropy", "max_weight", "sink_mass"):
+      self.acc["s1"][q] = np.zeros((L, H, t), np.float32)
+      self.acc["s2"][q] = np.zeros((L, H, t), np.float32)
+    for q in ("s", "loga"):
+      self.acc["s1"][q] = np.zeros((L, H, 2, t, t), np.float32)
+      self.acc["s2"][q] = np.zeros((L, H, 2, t, t), np.float32)
+
+  def _heads(self, x: torch.Tensor) -> np.ndarray:
+    b, t, _ = x.shape
+    return x.view(b, t, -1, self.head_dim).transpose(1, 2).numpy()
+
+  def _fold(self, name: str, x: np.ndarray, half: np.ndarray | None = None) -> None:
+    """Add ``x [B, ...]`` about a reference fixed at the first batch (as our accumulators do)."""
+    acc = self.acc
+    if name not in acc["ref"]:
+      acc["ref"][name] = x.mean(0)
+    y = x - acc["ref"][name]
+    if half is None:
+      acc["s1"][name] += y.sum(0)
+      acc["s2"][name] += (y * y).sum(0)
+    else:
+      for k in (0, 1):
+        acc["s1"][name][:, :, k] += y[half == k].sum(0)
+        acc["s2"][name][:, :, k] += (y[half == k] ** 2).sum(0)
+
+  def update(self, tokens: np.ndarray, seq_ids: np.ndarray) -> None:
+    with torch.inference_mode():
+      out = self.model(torch.from_numpy(tokens.astype(np.int64)), output_attentions=True,
+                       output_hidden_states=True)
+    a = np.stack([w.numpy() for w in out.attentions], 1)  # [B, L, H, T, T]
+    q = np.stack([rope_numpy(self._heads(self.captured[f"{l}.q_proj"]), self.base) for l in range(self.layers)], 1)
+    k = np.stack([rope_numpy(self._heads(self.captured[f"{l}.k_proj"]), self.base) for l in range(self.layers)], 1)
+    s = np.where(self.visible, q @ np.swapaxes(k, -1, -2) / np.sqrt(self.head_dim), -np.inf)
+    m = s.max(-1, keepdims=True)
+    log_z = (m + np.log(np.exp(s - m).sum(-1, keepdims=True)))[..., 0]
+    log_a = np.where(self.visible, s - log_z[..., None], 0.0)
+    a = np.where(self.visible, a, 0.0)
+    self._fold("log_z", log_z)
+    self._fold("excess", log_z - self.log_v)
+    self._fold("entropy", -(a * log_a).sum(-1))
+    self._fold("max_weight", a.max(-1))
+    self._fold("sink_mass", a[..., 0])
+    half = seq_ids % 2
+    self._fold("s", np.where(self.visible, s, 0.0), half)
+    self._fold("loga", log_a, half)
+    norms = np.linalg.norm(np.stack([h.numpy() for h in out.hidden_states], 1), axis=-1)  # [B, L+1, T]
+    self.acc["pos0_norm"] += norms[:, :, 0].sum(0)
+    self.acc["rest_norm"] += norms[:, :, 1:].mean(-1).sum(0)
+    self.acc["n"] += len(tokens)
+
+  def means(self) -> dict[str, np.ndarray]:
+    """Mean over sequences of each per-query quantity, ``[L, H, T]``, and ``pos0_norm [L+1]``."""
+    n = self.acc["n"]
+    out = {q: self.acc["s1"][q] / n + self.acc["ref"][q]
+           for q in ("log_z", "excess", "entropy", "max_weight", "sink_mass")}
+    out["pos0_norm"] = self.acc["pos0_norm"] / n
+    return out

@@ -1,0 +1,49 @@
+"""Family summaries (analyze.py --compare): per-layer and intervention results, mean ± std over seeds."""
+
+import json
+
+import numpy as np
+
+from abspos_jax.analysis import family
+
+
+def _summary(res_layers, early, removed_early, bos_fp, none_fp=None):
+  return {"components": {"residual_stream": res_layers, "causal_mask": [1 - r for r in res_layers],
+                         "residual_stream_early": early, "causal_mask_early": [None if r is None else 1 - r for r in early]},
+          "sink_rate": [0.0] * len(res_layers), "position0": {"norm_ratio": [1.0] * (len(res_layers) + 1)},
+          "fingerprint": {"bos": bos_fp, **({"no_bos": none_fp} if none_fp else {})},
+          "interventions": {"bos_replace": {"mean": {"residual_stream_removed": 0.5,
+                                                     "residual_stream_removed_early": removed_early}}}}
+
+
+def test_means_and_seed_spread(tmp_path):
+  groups = {
+      "rope L2": [_summary([0.2, 0.4], [0.1, None], 0.3, [0.0, 0.0, 0.0], [0.9, 0.8, 0.7]),
+                  _summary([0.4, 0.8], [0.3, None], 0.5, [0.0, 0.0, 0.0], [0.7, 0.6, 0.5])],
+      "swa L1": [_summary([0.1], [0.2], None, [0.0, 0.0])],
+  }
+  table = family.write(groups, str(tmp_path))
+  rope = table["rope L2"]
+  assert rope["num_runs"] == 2
+  np.testing.assert_allclose(rope["layers"]["residual_stream"]["mean"], [0.3, 0.6])
+  np.testing.assert_allclose(rope["layers"]["residual_stream"]["std"], [np.sqrt(0.02), np.sqrt(0.08)])
+  np.testing.assert_allclose(rope["layers"]["causal_mask"]["mean"], [0.7, 0.4])
+  assert rope["layers"]["residual_stream_early"]["mean"] == [0.2, None]  # no early queries: stays missing
+  np.testing.assert_allclose(rope["layers"]["fingerprint_no_bos"]["mean"], [0.8, 0.7, 0.6])
+  early = rope["interventions"]["bos_replace.mean"]["early"]
+  np.testing.assert_allclose(early["mean"], [0.4])
+  np.testing.assert_allclose(early["values"], [[0.3], [0.5]])
+  swa = table["swa L1"]
+  assert swa["layers"]["residual_stream"]["std"] == [None]  # one seed: no spread
+  assert "fingerprint_no_bos" not in swa["layers"]
+  assert swa["interventions"]["bos_replace.mean"]["early"]["mean"] == [None]
+  assert json.loads((tmp_path / "family.json").read_text()) == table
+  for name in ("family_layers.png", "family_interventions.png", "family_fingerprint.png"):
+    assert (tmp_path / name).stat().st_size > 1000
+
+
+def test_short_labels_drop_only_shared_settings():
+  same = family.short_labels(["rope L2 d64 [data.name=backcopy]", "ntk L4 d64 [data.name=backcopy]"])
+  assert same == {"rope L2 d64 [data.name=backcopy]": "rope L2 d64", "ntk L4 d64 [data.name=backcopy]": "ntk L4 d64"}
+  differ = ["rope L2 d64 [train.steps=400]", "rope L2 d64 [train.steps=800]"]
+  assert family.short_labels(differ) == {k: k for k in differ}
