@@ -3,8 +3,9 @@
     python -m abspos_jax.sweep --sweep=configs/sweeps/study_cpu.py --root=runs/study --launch=local
 
 Varies `model.position` over rope, ntk, swa and the nope control,
-`model.num_layers` over 2 and 4 and `train.seed` over 0, 1, 2 (the three seeds
-of a configuration train together in one vmapped step). Every run: d_model 64
+`model.num_layers` over 2 and 4 and `train.seed` over 0, 1, 2 (one process
+per run: on 2 CPU cores, vmapped seeds gained little, see README "Several seeds
+at once"; set `seeds_together=True` on an accelerator). Every run: d_model 64
 with 4 heads (head dimension 16), 128-token sequences with BOS prepended (the
 sliding window is 32 keys), 400 steps x 32 sequences (1.6M tokens), learning
 rate 3e-3 with weight decay 0.5, on the Bigram-Backcopy language
