@@ -80,8 +80,9 @@ def curves_figure(curves: dict[str, dict[str, list]], path: str) -> None:
   rows = -(-len(CURVES) // cols)
   fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.0 * rows), squeeze=False)
   for ax, (key, title) in zip(axes.flat, CURVES):
-    for label, c in curves.items():
-      ax.plot(_values(c["tokens"]), _values(c[key]), "o-", ms=3, lw=1.2, label=label)
+    for label, c in curves.items():  # a run directory: its name is the readable part
+      ax.plot(_values(c["tokens"]), _values(c[key]), "o-", ms=3, lw=1.2,
+              label=os.path.basename(os.path.normpath(label)) or label)
     ax.set_title(title, fontsize=9)
     ax.set_xlabel("training tokens")
     ax.ticklabel_format(axis="x", style="sci", scilimits=(0, 0))
@@ -89,10 +90,11 @@ def curves_figure(curves: dict[str, dict[str, list]], path: str) -> None:
     ax.axis("off")
   axes[0, 0].set_ylim(-0.05, 1.05)  # a fraction of heads
   axes[0, 1].axhline(0.3, color="k", ls="--", lw=0.8)  # the sink-head threshold epsilon
-  axes[0, 0].legend(fontsize=7)
+  handles, labels = axes[0, 0].get_legend_handles_labels()
   fig.suptitle("Emergence during training (fixed validation batch at every evaluation)")
   fig.tight_layout()
-  fig.savefig(path, dpi=110)
+  fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=7)  # beside the panels
+  fig.savefig(path, dpi=110, bbox_inches="tight")
   plt.close(fig)
 
 
