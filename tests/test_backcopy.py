@@ -8,7 +8,7 @@ import pytest
 
 from abspos_jax import data
 from abspos_jax.config import ConfigError, base_config, validate
-from abspos_jax.data import backcopy, builders, markov
+from abspos_jax.data import backcopy, builders
 from abspos_jax.data.tokenizer import BOS_ID, EOS_ID
 
 SIGMAS = 5.0  # tolerance of the sampling checks, in standard deviations (fixed seeds: deterministic)
