@@ -63,7 +63,13 @@ def _bar(total: int, desc: str, enabled: bool):
 
 
 def _sweep(step, acc, tokens: np.ndarray, options: AnalysisOptions, desc: str, *extra):
-  """Fold every batch of ``tokens`` (and of the arrays in ``extra``, batched alike) into ``acc``."""
+  """Fold every batch of ``tokens`` (and of the arrays in ``extra``, batched alike) into ``acc``.
+
+  ``step`` donates ``acc``; the initial leaves are copied first because init
+  functions may hand one zeros array to several leaves, and a buffer cannot be
+  donated twice.
+  """
+  acc = jax.tree.map(jnp.copy, acc)
   with _bar(len(tokens), desc, options.progress) as bar:
     for start in range(0, len(tokens), options.batch_size):
       stop = min(start + options.batch_size, len(tokens))
@@ -167,7 +173,9 @@ def analyze(model: Decoder, sequences: Mapping[str, np.ndarray], *, main: str = 
   L = spec.num_layers
 
   num_groups, x0_groups = fingerprint_groups(sequences, spec.vocab_size)
-  baseline_step = jax.jit(make_baseline_step(graphdef, visible, statistics, jnp.asarray(x0_groups)))
+  # Donating the accumulators lets XLA update them in place rather than copy them every batch.
+  baseline_step = jax.jit(make_baseline_step(graphdef, visible, statistics, jnp.asarray(x0_groups)),
+                          donate_argnums=1)
   finals = {}
   for policy, toks in sequences.items():
     acc = init_accumulators(spec, seq_len, statistics, num_groups=num_groups)
@@ -274,7 +282,7 @@ def _interventions(model, graphdef, params, sequences, main, visible, m, options
   L, H, T = model.spec.num_layers, model.spec.num_heads, toks.shape[1]
   results = {}
   for name, (fn, vis, des) in runs.items():
-    step = jax.jit(make_intervention_step(graphdef, visible, vis, fn))
+    step = jax.jit(make_intervention_step(graphdef, visible, vis, fn), donate_argnums=1)
     acc = {"leakage": leakage.init(L, H, T), "denominators": denominators.init(L, H, T)}
     acc = _sweep(lambda a, t, s, src: step(params, a, t, s, src), acc, toks, options, f"intervention[{name}]",
                  source)
