@@ -8,8 +8,8 @@ Ours: the baseline step of :mod:`abspos_jax.analysis.analysis_pass` (what
 batch; ``finalize`` is a fixed cost independent of the number of sequences and
 is not timed), jitted once, over all sequences in batches of ``--batch_size``.
 It does more than the reference: besides the statistics the reference keeps it
-runs a second forward for the closedness check and accumulates both ridge
-probes and the loss. Reference: :class:`benchmarks.hf_reference.HFAnalysis` on
+runs the closedness check (two forwards of 4 sequences per batch) and
+accumulates both ridge probes and the loss. Reference: :class:`benchmarks.hf_reference.HFAnalysis` on
 the same weights, exported with :func:`abspos_jax.interop.hf.export`. Both
 sides are timed interleaved in one process (see :mod:`benchmarks.common`), and
 their per-query means must agree before anything is timed.

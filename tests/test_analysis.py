@@ -4,12 +4,13 @@ import json
 import os
 import subprocess
 import sys
+import types
 
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from abspos_jax import model as model_lib
+from abspos_jax import attention, model as model_lib
 from abspos_jax.analysis import AnalysisOptions, Statistic, analyze, analyze_run
 from abspos_jax.data import BOS_ID
 from abspos_jax.train_loop import train
@@ -60,6 +61,16 @@ def test_closedness_and_fingerprint():
   assert r.summary["fingerprint"]["no_bos_num_groups"] > 1
 
 
+def test_closedness_catches_a_broken_mask(monkeypatch):
+  """With every key visible in the model, h_0 reads later tokens: the check, on one sequence per batch, must see it."""
+  everything = types.SimpleNamespace(visible=lambda q, k, window=None: jnp.ones((q.shape[0], k.shape[0]), bool))
+  monkeypatch.setattr(attention, "masks", everything)  # the model's mask only; the estimators keep the causal one
+  options = AnalysisOptions(batch_size=6, interventions=False, progress=False, closedness_sequences=1)
+  per_layer = analyze(model_lib.create(small_config()), sequences(), options=options).summary["closedness_per_layer"]
+  assert per_layer[0] == 0.0  # the embedding output reads token 0 only
+  assert min(per_layer[1:]) > 1e-3, per_layer
+
+
 def test_batches_accumulate_like_one_batch():
   m, seqs = model_lib.create(small_config()), sequences()
   small = analyze(m, seqs, options=AnalysisOptions(batch_size=4, interventions=False, progress=False))
@@ -104,6 +115,8 @@ def test_bad_inputs():
     analyze(m, {"none": sequences()["none"]}, options=FAST)
   with pytest.raises(ValueError, match=r"\[N >= 2, T\]"):
     analyze(m, {"prepend": sequences()["prepend"][:1]}, options=FAST)
+  with pytest.raises(ValueError, match=r"AnalysisOptions.closedness_sequences\) must be >= 1"):
+    analyze(m, sequences(), options=AnalysisOptions(interventions=False, progress=False, closedness_sequences=0))
   learned = model_lib.create(small_config("learned"))
   with pytest.raises(ValueError, match="exceed the 16 learned positions"):
     analyze(learned, sequences(t=20), options=FAST)

@@ -37,6 +37,7 @@ class AnalysisOptions:
   probe_ridge: float = 1e-2
   interventions: bool = True
   bos_replace_token: int = 10  # the "another token" of bos_replace: newline
+  closedness_sequences: int = 4  # per batch, how many sequences the closedness check reruns
   progress: bool = True
 
 
@@ -174,8 +175,8 @@ def analyze(model: Decoder, sequences: Mapping[str, np.ndarray], *, main: str = 
 
   num_groups, x0_groups = fingerprint_groups(sequences, spec.vocab_size)
   # Donating the accumulators lets XLA update them in place rather than copy them every batch.
-  baseline_step = jax.jit(make_baseline_step(graphdef, visible, statistics, jnp.asarray(x0_groups)),
-                          donate_argnums=1)
+  baseline_step = jax.jit(make_baseline_step(graphdef, visible, statistics, jnp.asarray(x0_groups),
+                                             options.closedness_sequences), donate_argnums=1)
   finals = {}
   for policy, toks in sequences.items():
     acc = init_accumulators(spec, seq_len, statistics, num_groups=num_groups)
