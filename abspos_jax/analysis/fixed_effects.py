@@ -206,17 +206,27 @@ def heldout_update(acc: dict[str, jax.Array], x: jax.Array, visible: jax.Array,
 
   ``visible`` bool broadcastable to ``[*lead, T, T]``; ``seq_ids`` int ``[B]``.
   """
-  x = jnp.where(visible, x.astype(jnp.float32), 0.0)
-  # Sums over the batch as contractions with a [B, 2] half indicator (and a [B]
-  # mean vector): XLA lowers them to matrix products, about 9x faster on CPU
-  # than masked reductions over the leading axis, with the same sums.
-  onehot = jax.nn.one_hot(seq_ids % 2, 2, dtype=jnp.float32)
-  batch_mean = jnp.full((x.shape[0],), 1.0 / x.shape[0], jnp.float32)
-  ref = jnp.where(acc["n"].sum() > 0, acc["ref"], jnp.einsum("b,b...->...", batch_mean, x, precision=HIGHEST))
-  y = jnp.where(visible, x - ref, 0.0)
-  s1 = jnp.einsum("bk,b...ij->...kij", onehot, y, precision=HIGHEST)
-  s2 = jnp.einsum("bk,b...ij->...kij", onehot, y * y, precision=HIGHEST)
-  return dict(s1=acc["s1"] + s1, s2=acc["s2"] + s2, n=acc["n"] + onehot.sum(0), ref=ref)
+  x = x.astype(jnp.float32)
+  seq_half = seq_ids % 2
+  onehot = jax.nn.one_hot(seq_half, 2, dtype=jnp.float32)
+
+  def first_batch_mean() -> jax.Array:
+    return jnp.einsum("b,b...->...", jnp.full((x.shape[0],), 1.0 / x.shape[0], jnp.float32),
+                      jnp.where(visible, x, 0.0), precision=HIGHEST)
+
+  ref = jax.lax.cond(acc["n"].sum() > 0, lambda: acc["ref"], first_batch_mean)
+
+  # One sequence at a time: each step reads x[b] once and adds y and y^2 in place into its half
+  # (the sums stay in cache), where sums over the batch axis as contractions or reductions make
+  # several passes over [B, *lead, T, T]: ~9x faster on CPU (docs/benchmarks.md).
+  def add(b: jax.Array, sums: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array]:
+    y = jnp.where(visible, x[b] - ref, 0.0)
+    return sums[0].at[seq_half[b]].add(y), sums[1].at[seq_half[b]].add(y * y)
+
+  zeros = jnp.zeros((2,) + x.shape[1:], jnp.float32)
+  s1, s2 = jax.lax.fori_loop(0, x.shape[0], add, (zeros, zeros))
+  return dict(s1=acc["s1"] + jnp.moveaxis(s1, 0, -3), s2=acc["s2"] + jnp.moveaxis(s2, 0, -3),
+              n=acc["n"] + onehot.sum(0), ref=ref)
 
 
 def total_sum_squares(s1: jax.Array, s2: jax.Array, n: jax.Array, ref: jax.Array,
