@@ -218,7 +218,7 @@ def heldout_update(acc: dict[str, jax.Array], x: jax.Array, visible: jax.Array,
 
   # One sequence at a time: each step reads x[b] once and adds y and y^2 in place into its half
   # (the sums stay in cache), where sums over the batch axis as contractions or reductions make
-  # several passes over [B, *lead, T, T]: ~9x faster on CPU (docs/benchmarks.md).
+  # several passes over [B, *lead, T, T]: ~4x faster on CPU (docs/benchmarks.md).
   def add(b: jax.Array, sums: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array]:
     y = jnp.where(visible, x[b] - ref, 0.0)
     return sums[0].at[seq_half[b]].add(y), sums[1].at[seq_half[b]].add(y * y)
