@@ -45,14 +45,20 @@ def query_statistics(logits: jax.Array, log_z: jax.Array,
   probe can read.
   """
   vis = fe.layer_mask(visible)
-  log_a = jnp.where(vis, logits - log_z[..., None], 0.0)
-  a = jnp.where(vis, jnp.exp(log_a), 0.0)
+
+  def one_sequence(x: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array, jax.Array]:
+    s, lz = x  # [L, H, T, T], [L, H, T]
+    log_a = jnp.where(vis, s - lz[..., None], 0.0)
+    a = jnp.where(vis, jnp.exp(log_a), 0.0)
+    return -(a * log_a).sum(-1), a.max(-1), a[..., 0]
+
+  # One sequence at a time, so that each step's [L, H, T, T] stays in cache: 2.4x faster on CPU
+  # than the same expressions over the whole batch (docs/benchmarks.md).
+  entropy, max_weight, sink_mass = jax.lax.map(one_sequence, (logits, log_z))
   log_v = log_visible(visible)
   return dict(log_z=log_z,
               excess=log_z - (log_v if visible.ndim == 2 else log_v[:, None]),
-              entropy=-(a * log_a).sum(-1),
-              max_weight=a.max(-1),
-              sink_mass=a[..., 0])
+              entropy=entropy, max_weight=max_weight, sink_mass=sink_mass)
 
 
 def init(num_layers: int, num_heads: int, seq_len: int) -> dict:
