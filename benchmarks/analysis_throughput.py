@@ -49,7 +49,7 @@ class OursPass:
   def __init__(self, model: model_lib.Decoder, seq_len: int, batch_size: int):
     self.graphdef, self.params = nnx.split(model, nnx.Param)
     self.spec, self.seq_len, self.batch_size = model.spec, seq_len, batch_size
-    self.visible = layer_visible(model, seq_len)
+    self.visible = layer_visible(model.spec, seq_len)
     groups = np.arange(model.spec.vocab_size, dtype=np.int32)
     # Donating the accumulators, as analyze() does (see analysis.run._sweep for the copy below).
     self.step = jax.jit(analysis_pass.make_baseline_step(self.graphdef, self.visible, {}, jnp.asarray(groups)),
