@@ -6,7 +6,11 @@ when the model uses it), applies the single mask function of
 also returns ``log Z_i``. The analysis reads logits, weights and ``log Z`` from
 this same path through hook points. Training may instead take the fused
 ``jax.nn.dot_product_attention`` path (``model.attention_impl = "fused"``),
-which computes the same function.
+which computes the same function. Without hooks the explicit path runs through
+:func:`softmax_attention`, whose backward is written by hand (the standard
+attention gradient) rather than derived by autodiff through the mask and the
+``logsumexp``: same forward, same gradient up to float rounding, about half
+the backward's passes over the ``[B, H, T, T]`` weights.
 
 Grouped-query attention (``num_kv_heads`` dividing ``num_heads``): query head
 ``n`` reads key/value head ``n // G`` with ``G = num_heads / num_kv_heads``
@@ -14,6 +18,8 @@ Grouped-query attention (``num_kv_heads`` dividing ``num_heads``): query head
 still per *query* head, ``[B, H, T, T]``, so every hook and estimator sees the
 same shapes with or without GQA.
 """
+
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -66,6 +72,52 @@ def masked_softmax(logits: jax.Array, mask: jax.Array) -> tuple[jax.Array, jax.A
   s = jnp.where(mask, logits, -jnp.inf)
   log_z = jax.nn.logsumexp(s, axis=-1)
   return s, jnp.exp(s - log_z[..., None]), log_z
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
+def softmax_attention(q: jax.Array, k: jax.Array, v: jax.Array, positions: jax.Array, window: int | None) -> jax.Array:
+  """``out [B, T, H, d_h] = sum_j a_ij v_j``, ``a = softmax_{j in V(i)}(q_i . k_j / sqrt(d_h))``.
+
+  The explicit path of :meth:`Attention.__call__` (mask of
+  :func:`masks.visible` over ``positions [T]``, ``q [B, T, H, d_h]``,
+  ``k, v [B, T, K, d_h]``) as one differentiable function. Its backward keeps
+  ``a`` from the forward and applies, with ``dO`` the output's cotangent and
+  ``delta_i = sum_d dO_id out_id`` (``= sum_j a_ij dp_ij``)::
+
+      dv_j = sum_i a_ij dO_i        dp_ij = dO_i . v_j
+      ds_ij = a_ij (dp_ij - delta_i)
+      dq_i = sum_j ds_ij k_j / sqrt(d_h)      dk_j = sum_i ds_ij q_i / sqrt(d_h)
+
+  (summed over the query heads of a group for ``dk, dv`` under GQA). Masked
+  cells have ``a_ij = 0`` and so no gradient, as under autodiff.
+  """
+  return _softmax_attention_fwd(q, k, v, positions, window)[0]
+
+
+def _softmax_attention_fwd(q, k, v, positions, window):
+  _, a, _ = masked_softmax(attention_logits(q, k), masks.visible(positions, positions, window))
+  out = attend(a.astype(v.dtype), v)
+  return out, (q, k, v, positions, a, out)
+
+
+def _softmax_attention_bwd(window, residuals, d_out):
+  del window  # the mask is in the zeros of ``a``
+  q, k, v, positions, a, out = residuals
+  b, t, h, d = q.shape
+  kv = k.shape[2]
+  a = a.reshape(b, kv, h // kv, t, k.shape[1])
+  d_out = d_out.astype(jnp.float32)
+  do = _grouped(d_out, kv)
+  dv = jnp.einsum("bkgts,btkgd->bskd", a, do)
+  dp = jnp.einsum("btkgd,bskd->bkgts", do, v.astype(jnp.float32))
+  delta = jnp.einsum("btkgd,btkgd->bkgt", do, _grouped(out.astype(jnp.float32), kv))
+  ds = a * (dp - delta[..., None]) * (d ** -0.5)
+  dq = jnp.einsum("bkgts,bskd->btkgd", ds, k.astype(jnp.float32)).reshape(b, t, h, d)
+  dk = jnp.einsum("bkgts,btkgd->bskd", ds, _grouped(q.astype(jnp.float32), kv))
+  return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None
+
+
+softmax_attention.defvjp(_softmax_attention_fwd, _softmax_attention_bwd)
 
 
 class Attention(nnx.Module):
@@ -126,14 +178,15 @@ class Attention(nnx.Module):
     if hooks is None and self.impl == "fused":
       local = None if self.window is None else (self.window - 1, 0)
       out = jax.nn.dot_product_attention(q, k, v, is_causal=True, local_window_size=local)
+    elif hooks is None:
+      out = softmax_attention(q, k, v, positions, self.window)
     else:
       mask = masks.visible(positions, positions, self.window)
       s, a, log_z = masked_softmax(attention_logits(q, k), mask)
-      if hooks is not None:
-        edited = hooks(f"{name}.logits", s)
-        if edited is not s:  # an intervention changed the logits: renormalise
-          s, a, log_z = masked_softmax(edited, mask)
-        log_z = hooks(f"{name}.log_z", log_z)
-        a = hooks(f"{name}.weights", a)
+      edited = hooks(f"{name}.logits", s)
+      if edited is not s:  # an intervention changed the logits: renormalise
+        s, a, log_z = masked_softmax(edited, mask)
+      log_z = hooks(f"{name}.log_z", log_z)
+      a = hooks(f"{name}.weights", a)
       out = attend(a.astype(self.dtype), v)
     return jnp.einsum("bthk,hkd->btd", out, self.wo[...].astype(self.dtype))

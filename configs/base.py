@@ -29,7 +29,7 @@ def get_config() -> ml_collections.ConfigDict:
   m.init_std = 0.02
   m.dtype = "float32"  # compute dtype: float32 | bfloat16
   m.param_dtype = "float32"
-  m.attention_impl = "xla"  # training path: xla (explicit softmax) | fused (jax.nn.dot_product_attention)
+  m.attention_impl = "xla"  # training path: xla (explicit softmax, hand-written backward) | fused (jax.nn.dot_product_attention)
 
   c.data = d = ml_collections.ConfigDict()
   d.name = "stdlib_text"  # stdlib_text | text_files | synthetic | backcopy | any prepared TFDS dataset

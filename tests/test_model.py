@@ -5,7 +5,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from abspos_jax import masks, model as model_lib
+from flax import nnx
+
+from abspos_jax import attention as attention_lib, masks, model as model_lib
 from abspos_jax.hooks import Hooks
 from conftest import small_config
 
@@ -141,3 +143,44 @@ def test_gqa_equals_multi_head_with_repeated_kv_heads():
       setattr(b, name, getattr(a, name))
   mha.embed[...] = gqa.embed[...]
   np.testing.assert_allclose(gqa(tokens(5)), mha(tokens(5)), atol=1e-5)
+
+
+def _autodiff_attention(q, k, v, positions, window):
+  """The explicit attention differentiated by autodiff (what the hook path computes)."""
+  _, a, _ = attention_lib.masked_softmax(attention_lib.attention_logits(q, k), masks.visible(positions, positions, window))
+  return attention_lib.attend(a.astype(v.dtype), v)
+
+
+@pytest.mark.parametrize("heads,kv_heads,window", [(4, 4, None), (4, 2, None), (4, 1, 5), (2, 2, 1)])
+def test_hand_written_attention_gradient_equals_autodiff(heads, kv_heads, window):
+  """softmax_attention's backward (ds = a (dp - delta)) == autodiff through the mask and logsumexp."""
+  kq, kk, kv, kw = jax.random.split(jax.random.key(heads * 10 + kv_heads), 4)
+  q = jax.random.normal(kq, (2, T, heads, 8))
+  k, v = jax.random.normal(kk, (2, T, kv_heads, 8)), jax.random.normal(kv, (2, T, kv_heads, 8))
+  w = jax.random.normal(kw, (2, T, heads, 8))
+  positions = jnp.arange(T)
+  grads = [
+      jax.grad(lambda q, k, v, f=f: jnp.sum(f(q, k, v, positions, window) * w), argnums=(0, 1, 2))(q, k, v)
+      for f in (attention_lib.softmax_attention, _autodiff_attention)
+  ]
+  np.testing.assert_array_equal(attention_lib.softmax_attention(q, k, v, positions, window),
+                                _autodiff_attention(q, k, v, positions, window))
+  for hand, auto in zip(*grads):
+    np.testing.assert_allclose(hand, auto, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("position", ["rope", "swa"])
+def test_training_gradient_equals_hook_path_gradient(position):
+  """The loss gradient of the training path (hand-written attention backward) == the hook path's (autodiff)."""
+  m = model_lib.create(small_config(position, **{"model.num_kv_heads": 2, "model.qkv_bias": True}))
+  graphdef, params = nnx.split(m, nnx.Param)
+  x = tokens(9)
+
+  def loss(params, hooks):
+    logits = nnx.merge(graphdef, params)(x, hooks=hooks() if hooks else None)
+    return jnp.mean(jax.nn.log_softmax(logits)[..., 0])
+
+  train = jax.grad(loss)(params, None)
+  hooked = jax.grad(loss)(params, lambda: Hooks(capture=[]))
+  for a, b in zip(jax.tree.leaves(train), jax.tree.leaves(hooked)):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
