@@ -14,7 +14,7 @@ def refused(config, match, num_devices=1):
     validate(config, num_devices)
 
 
-@pytest.mark.parametrize("name", ["base", "rope", "ntk", "swa", "nope", "learned", "tiny"])
+@pytest.mark.parametrize("name", ["base", "rope", "ntk", "swa", "nope", "learned", "tiny", "sinks_cpu"])
 def test_shipped_configs_are_valid(name):
   validate(load_config_file(f"configs/{name}.py"), num_devices=1)
 
