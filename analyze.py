@@ -21,6 +21,8 @@ _NUM = flags.DEFINE_integer("num_sequences", 256, "Held-out sequences per BOS po
 _SPLIT = flags.DEFINE_string("split", "validation", "Data split the sequences come from.")
 _SEQ_LEN = flags.DEFINE_integer("seq_len", None, "Tokens per sequence (default and maximum: the trained length).")
 _BATCH = flags.DEFINE_integer("batch_size", 32, "Sequences per jitted pass.")
+_CLOSEDNESS = flags.DEFINE_integer("closedness_sequences", 4, "Sequences per batch the position-0 closedness check "
+                                   "reruns (docs/analysis.md).", lower_bound=1)
 _NO_INTERVENTIONS = flags.DEFINE_bool("skip_interventions", False, "Skip the intervention sweep.")
 _COMPARE = flags.DEFINE_bool("compare", False, "Compare the analysed runs given as arguments.")
 _ALL_STEPS = flags.DEFINE_bool("all_steps", False, "Analyse every kept checkpoint into OUT/step_<N>/ and plot the "
@@ -57,7 +59,8 @@ def main(argv):
   try:
     if _BATCH.value < 1:
       raise ValueError(f"--batch_size must be >= 1, got {_BATCH.value}")
-    options = AnalysisOptions(batch_size=_BATCH.value, interventions=not _NO_INTERVENTIONS.value)
+    options = AnalysisOptions(batch_size=_BATCH.value, interventions=not _NO_INTERVENTIONS.value,
+                              closedness_sequences=_CLOSEDNESS.value)
     if _ALL_STEPS.value:
       records = analyze_all_steps(_WORKDIR.value, out=_OUT.value, num_sequences=_NUM.value, split=_SPLIT.value,
                                   seq_len=_SEQ_LEN.value, options=options)

@@ -132,7 +132,7 @@ def run_dir(tmp_path_factory):
 def test_cli_writes_every_output(run_dir, tmp_path):
   out = tmp_path / "analysis"
   r = subprocess.run([sys.executable, "analyze.py", f"--workdir={run_dir}", f"--out={out}", "--num_sequences=8",
-                      "--batch_size=4"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+                      "--batch_size=4", "--closedness_sequences=2"], cwd=ROOT, capture_output=True, text=True, timeout=600)
   assert r.returncode == 0, r.stderr[-3000:]
   names = set(os.listdir(out))
   assert {"summary.json", "stats.npz", "report.md", "log_z.png", "sink_mass.png", "position0.png", "fingerprint.png",
@@ -143,6 +143,7 @@ def test_cli_writes_every_output(run_dir, tmp_path):
   for key in ("causal_mask", "residual_stream", "causal_mask_early", "residual_stream_early"):
     assert len(s["components"][key]) == L
   assert s["closedness_max_abs_diff"] == 0.0 and s["meta"]["step"] == 4
+  assert s["meta"]["options"]["closedness_sequences"] == 2
   for name in ("bos_replace", "pos0_patch", "sink_ablate"):
     assert name in s["interventions"]
   stats = np.load(out / "stats.npz")
