@@ -4,7 +4,8 @@ A 4-layer, d_model-128 RoPE model on the offline stdlib text, with the levers of
 DESIGN.md section 3b: BOS prepended to every sequence, seq_len 256, a high
 learning rate (1e-2) and weight decay 0.5. 3,000 steps of 16 x 256 tokens
 (12.3M tokens, about half an hour on 2 idle CPU cores). The emergence hook runs
-every 100 steps; checkpoints every 500 steps are kept for `analyze.py --all_steps`.
+every 100 steps; every checkpoint (every 250 steps: before, while and after the
+sinks form) is kept for `analyze.py --all_steps`.
 """
 
 from abspos_jax.config import base_config
@@ -27,5 +28,5 @@ def get_config():
   config.train.log_every = 25
   config.train.eval_every = 100
   config.checkpoint.every = 250
-  config.checkpoint.keep_period = 500
+  config.checkpoint.keep_period = 250
   return config
