@@ -81,7 +81,7 @@ def analysis_row(layers: int, seq_len: int, batch: int, repeats: int) -> dict:
   config = size_config(layers, 128, 4, seq_len, batch)
   model = model_lib.create(config)
   graphdef, params = nnx.split(model, nnx.Param)
-  visible = layer_visible(model, seq_len)
+  visible = layer_visible(model.spec, seq_len)
   step = jax.jit(analysis_pass.make_baseline_step(graphdef, visible, {}, jnp.arange(config.model.vocab_size)))
   acc = analysis_pass.init_accumulators(model.spec, seq_len, {})
   tokens = jnp.asarray(np.random.default_rng(0).integers(0, 256, (batch, seq_len)).astype(np.int32))
