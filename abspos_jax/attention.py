@@ -98,12 +98,12 @@ def softmax_attention(q: jax.Array, k: jax.Array, v: jax.Array, positions: jax.A
 def _softmax_attention_fwd(q, k, v, positions, window):
   _, a, _ = masked_softmax(attention_logits(q, k), masks.visible(positions, positions, window))
   out = attend(a.astype(v.dtype), v)
-  return out, (q, k, v, positions, a, out)
+  return out, (q, k, v, a, out)
 
 
 def _softmax_attention_bwd(window, residuals, d_out):
   del window  # the mask is in the zeros of ``a``
-  q, k, v, positions, a, out = residuals
+  q, k, v, a, out = residuals
   b, t, h, d = q.shape
   kv = k.shape[2]
   a = a.reshape(b, kv, h // kv, t, k.shape[1])
@@ -115,7 +115,7 @@ def _softmax_attention_bwd(window, residuals, d_out):
   ds = a * (dp - delta[..., None]) * (d ** -0.5)
   dq = jnp.einsum("bkgts,bskd->btkgd", ds, k.astype(jnp.float32)).reshape(b, t, h, d)
   dk = jnp.einsum("bkgts,btkgd->bskd", ds, _grouped(q.astype(jnp.float32), kv))
-  return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None
+  return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None  # no gradient for positions
 
 
 softmax_attention.defvjp(_softmax_attention_fwd, _softmax_attention_bwd)

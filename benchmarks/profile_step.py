@@ -113,9 +113,9 @@ def profile_reference(ref: Reference, steps: int) -> tuple[dict, list]:
     ref.run(steps)
   by_kind, by_op = collections.Counter(), collections.Counter()
   for e in prof.key_averages():
-    ms = e.self_cpu_time_total / 1e3 / steps
-    by_kind[torch_kind(e.key)] += ms
-    by_op[(torch_kind(e.key), e.key, "")] += ms
+    ms, kind = e.self_cpu_time_total / 1e3 / steps, torch_kind(e.key)
+    by_kind[kind] += ms
+    by_op[(kind, e.key, "")] += ms
   return dict(by_kind), by_op.most_common()
 
 
