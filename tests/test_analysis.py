@@ -43,14 +43,30 @@ def test_zero_qk_gives_mask_only_denominators(position):
   c = r.summary["components"]
   assert abs(c["pooled"]["residual_stream"]) < 1e-4 and abs(c["pooled"]["causal_mask"] - 1) < 1e-4
   np.testing.assert_allclose(r.summary["denominators"]["excess_mean_layer"], 0.0, atol=1e-5)
+  # The raw attention features are functions of the mask here (v1's probe: R^2 1.0000); the mask-free one reads nothing.
+  # (under a window of 4 keys the features stop changing at i = 3, so they read less).
+  assert min(r.summary["probes"]["attention_raw_r2"]) > (0.99 if position == "rope" else 0.5)
+  np.testing.assert_allclose(r.summary["probes"]["attention_r2"], 0.0, atol=1e-4)
+
+
+@pytest.mark.parametrize("init_std", [0.1, 0.3])
+def test_repeated_token_without_bos_has_no_residual_stream_component(init_std):
+  """One token repeated, no BOS, one RoPE layer: logits depend on i - j alone (v1: residual share 0.21 / 0.78)."""
+  m = model_lib.create(small_config(**{"model.num_layers": 1, "model.init_std": init_std}))
+  toks = np.full((8, 16), 65, np.int32)
+  c = analyze(m, {"none": toks}, main="none", options=FAST).summary["components"]
+  assert abs(c["pooled"]["residual_stream"]) < 1e-3 and abs(c["pooled"]["causal_mask"] - 1) < 1e-3, c["pooled"]
+  assert abs(c["pooled_early"]["residual_stream"]) < 1e-3
+  assert c["pooled"]["residual_stream_var"] < 1e-3 * c["pooled"]["causal_mask_var"]
 
 
 def test_sliding_window_mask_term_constant_after_window():
   r = analyze(model_lib.create(small_config("swa")), sequences(), options=FAST)
   w = 4
-  phi = r.stats["phi_logV"]  # [L, T]
-  np.testing.assert_allclose(phi[..., w - 1:], np.broadcast_to(phi[..., w - 1:w], phi[..., w - 1:].shape), atol=1e-6)
+  phi = r.stats["phi_zmask"]  # [L, H, T]: a function of n(i) = min(i + 1, W)
+  np.testing.assert_allclose(phi[..., w - 1:], np.broadcast_to(phi[..., w - 1:w], phi[..., w - 1:].shape), atol=1e-5)
   assert np.ptp(phi[..., :w]) > 0.5
+  assert all(len(ci) == 2 for ci in r.summary["components"]["residual_stream_ci"])
 
 
 def test_closedness_and_fingerprint():
@@ -61,11 +77,15 @@ def test_closedness_and_fingerprint():
   assert r.summary["fingerprint"]["no_bos_num_groups"] > 1
 
 
-def test_closedness_catches_a_broken_mask(monkeypatch):
-  """With every key visible in the model, h_0 reads later tokens: the check, on one sequence per batch, must see it."""
+@pytest.mark.parametrize("batch_size", [6, 1])
+def test_closedness_catches_a_broken_mask(monkeypatch, batch_size):
+  """With every key visible in the model, h_0 reads later tokens: the check, on one sequence per batch, must see it.
+
+  With a batch of one sequence there is no other sequence to take tokens from (v1 compared the sequence with itself).
+  """
   everything = types.SimpleNamespace(visible=lambda q, k, window=None: jnp.ones((q.shape[0], k.shape[0]), bool))
   monkeypatch.setattr(attention, "masks", everything)  # the model's mask only; the estimators keep the causal one
-  options = AnalysisOptions(batch_size=6, interventions=False, progress=False, closedness_sequences=1)
+  options = AnalysisOptions(batch_size=batch_size, interventions=False, progress=False, closedness_sequences=1)
   per_layer = analyze(model_lib.create(small_config()), sequences(), options=options).summary["closedness_per_layer"]
   assert per_layer[0] == 0.0  # the embedding output reads token 0 only
   assert min(per_layer[1:]) > 1e-3, per_layer
@@ -75,7 +95,8 @@ def test_batches_accumulate_like_one_batch():
   m, seqs = model_lib.create(small_config()), sequences()
   small = analyze(m, seqs, options=AnalysisOptions(batch_size=4, interventions=False, progress=False))
   whole = analyze(m, seqs, options=AnalysisOptions(batch_size=12, interventions=False, progress=False))
-  for name in ("log_z", "log_z_std", "sink_mass", "phi_s", "share_res", "pos0_norm", "probe_resid_r2"):
+  for name in ("log_z", "log_z_std", "sink_mass", "phi_s", "phi_zres", "share_res", "share_res_lo", "pos0_norm",
+               "probe_resid_r2", "probe_attn_r2"):
     np.testing.assert_allclose(small.stats[name], whole.stats[name], rtol=1e-4, atol=1e-5, err_msg=name)
 
 
@@ -94,19 +115,42 @@ def test_user_statistic_at_a_hook_point():
 
 
 def test_interventions_with_known_answers():
-  """Replacing BOS by BOS's own embedding, or patching position 0 from another BOS input, removes nothing."""
+  """Replacing BOS by BOS's own embedding, or patching position 0 from another BOS input, changes nothing."""
   m, seqs = model_lib.create(small_config()), sequences()
   opts = AnalysisOptions(batch_size=6, progress=False, bos_replace_token=BOS_ID)
   iv = analyze(m, {"prepend": seqs["prepend"]}, options=opts).summary["interventions"]
   for entry in (iv["bos_replace"]["token"], iv["pos0_patch"]):
-    for key in ("causal_mask_removed", "residual_stream_removed", "residual_stream_removed_early"):
-      assert abs(entry[key]) < 1e-4, (key, entry[key])
+    for key in ("causal_mask_change", "residual_stream_change", "residual_stream_change_early"):
+      assert abs(entry[key]) < 1e-6, (key, entry[key])
+      lo, hi = entry[key + "_ci"]
+      assert lo <= entry[key] <= hi
+    for key in ("causal_mask_removed", "residual_stream_removed"):
+      assert entry[key] is None or abs(entry[key]) < 1e-4
   heads = iv["sink_ablate"]["heads"]
   assert [l for l, _ in heads] == [0, 1]  # no head reads the sink: the top head of each layer
   # Layer 0 sees only the embeddings: its other heads keep their sink mass, the ablated one has none.
-  score = analyze(m, {"prepend": seqs["prepend"]}, options=FAST).stats["sink_score"][0]
-  kept = np.delete(score, heads[0][1])
-  np.testing.assert_allclose(iv["sink_ablate"]["sink_mass_after"][0], kept.sum() / len(score), rtol=1e-5)
+  mass = analyze(m, {"prepend": seqs["prepend"]}, options=FAST).stats["sink_mass"][0][:, 4:].mean(-1)
+  kept = np.delete(mass, heads[0][1])
+  np.testing.assert_allclose(iv["sink_ablate"]["sink_mass_after"][0], kept.sum() / len(mass), rtol=1e-5)
+
+
+def test_sink_ablate_on_a_flat_model_removes_no_residual_stream():
+  """Zero query weights: no residual-stream component before, so none to remove (v1: 0.25 removed, = 1/H)."""
+  iv = analyze(zero_qk(model_lib.create(small_config())), sequences(),
+               options=AnalysisOptions(batch_size=6, progress=False)).summary["interventions"]
+  sa = iv["sink_ablate"]
+  for suffix in ("", "_early"):
+    assert sa[f"residual_stream_removed{suffix}"] is None and "not clearly non-zero" in sa[
+        f"residual_stream_removed{suffix}_reason"]
+    assert abs(sa[f"residual_stream_change{suffix}"]) < 1e-6 and abs(sa[f"residual_stream_before{suffix}"]) < 1e-6
+
+
+def test_bos_replace_needs_a_bos():
+  m, seqs = model_lib.create(small_config()), sequences()
+  iv = analyze(m, {"none": seqs["none"]}, main="none",
+               options=AnalysisOptions(batch_size=6, progress=False)).summary["interventions"]
+  assert set(iv["bos_replace"]) == {"skipped"} and "position 0 holds a text token" in iv["bos_replace"]["skipped"]
+  assert "residual_stream_change" in iv["pos0_patch"] and "residual_stream_change" in iv["sink_ablate"]
 
 
 def test_bad_inputs():
@@ -115,6 +159,8 @@ def test_bad_inputs():
     analyze(m, {"none": sequences()["none"]}, options=FAST)
   with pytest.raises(ValueError, match=r"\[N >= 2, T\]"):
     analyze(m, {"prepend": sequences()["prepend"][:1]}, options=FAST)
+  with pytest.raises(ValueError, match=r"AnalysisOptions.num_blocks\) must be an even number"):
+    analyze(m, sequences(), options=AnalysisOptions(interventions=False, progress=False, num_blocks=5))
   with pytest.raises(ValueError, match=r"AnalysisOptions.closedness_sequences\) must be >= 1"):
     analyze(m, sequences(), options=AnalysisOptions(interventions=False, progress=False, closedness_sequences=0))
   learned = model_lib.create(small_config("learned"))

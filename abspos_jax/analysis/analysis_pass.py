@@ -19,6 +19,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from abspos_jax.analysis import denominators, leakage, position0, probes
+from abspos_jax.analysis.fixed_effects import FEDesign
 from abspos_jax.hooks import Edit, Hooks
 from abspos_jax.model import Decoder
 from abspos_jax.train_step import lm_loss
@@ -70,43 +71,52 @@ def attention_features(stats: dict[str, jax.Array]) -> jax.Array:
   """Per layer and query, :data:`ATTENTION_FEATURES` of every head: ``[B, L, T, 4 H]``.
 
   ``stats`` is ``denominators.query_statistics(...)`` (each ``[B, L, H, T]``).
+  These raw features include the mask's effect (``log Z`` and entropy equal
+  ``log(1+i)`` under flat attention); the headline attention probe reads the
+  residual part of ``log Z`` instead (:func:`update_core`).
   """
   f = jnp.stack([stats[name] for name in ATTENTION_FEATURES], -1)  # [B, L, H, T, 4]
   b, l, h, t, k = f.shape
   return f.transpose(0, 1, 3, 2, 4).reshape(b, l, t, h * k)
 
 
-def init_core(spec, seq_len: int, num_groups: int | None = None) -> dict:
+def init_core(spec, seq_len: int, num_blocks: int, num_groups: int | None = None) -> dict:
   """Zero accumulators of the core statistics: ``denominators``, ``leakage`` and ``position0``.
 
+  ``num_blocks``: sequence blocks (``seq_id % num_blocks``) of the intervals;
   ``num_groups``: how many distinct first tokens the fingerprint groups by
   (see ``x0_groups`` of :func:`update_core`); default ``vocab_size``.
   """
   L, H, D = spec.num_layers, spec.num_heads, spec.d_model
-  return {"denominators": denominators.init(L, H, seq_len),
-          "leakage": leakage.init(L, H, seq_len),
+  return {"denominators": denominators.init(L, H, seq_len, num_blocks),
+          "leakage": leakage.init(L, H, seq_len, num_blocks),
           "position0": position0.init(L, D, spec.vocab_size if num_groups is None else num_groups)}
 
 
 def update_core(acc: dict, cap: dict[str, jax.Array], qstats: dict[str, jax.Array], tokens: jax.Array,
-                seq_ids: jax.Array, visible: jax.Array, x0_groups: jax.Array | None = None) -> dict:
+                seq_ids: jax.Array, design: FEDesign, x0_groups: jax.Array | None = None
+                ) -> tuple[dict, jax.Array]:
   """Folds one batch into the core accumulators of :func:`init_core` (other keys of ``acc`` are ignored).
 
   ``cap`` is :func:`forward` on ``tokens [B, T]``, ``qstats`` is
   ``denominators.query_statistics`` of its logits (computed by the caller,
-  which may use them again), ``seq_ids [B]`` split the held-out halves.
-  ``x0_groups [V]`` int maps a first token to its fingerprint group (a dense
-  index over the first tokens that occur), so the per-group accumulator is
-  ``[groups, L+1, D]`` rather than ``[V, L+1, D]`` (gigabytes for a 32k-150k
-  vocabulary); None groups by the token id itself.
+  which may use them again), ``seq_ids [B]`` pick the blocks, ``design`` is
+  ``fixed_effects.make_design`` of the model's mask. ``x0_groups [V]`` int
+  maps a first token to its fingerprint group (a dense index over the first
+  tokens that occur), so the per-group accumulator is ``[groups, L+1, D]``
+  rather than ``[V, L+1, D]`` (gigabytes for a 32k-150k vocabulary); None
+  groups by the token id itself. Returns ``(acc, zres [B, L, H, T])``, the
+  residual part of ``log Z`` per sequence (``leakage.sequence_sums``).
   """
-  return {"denominators": denominators.accumulate(acc["denominators"], qstats),
-          "leakage": leakage.update(acc["leakage"], cap["logits"], cap["log_z"], seq_ids, visible),
+  lk, zres = leakage.update(acc["leakage"], cap["logits"], cap["log_z"], seq_ids, design)
+  return {"denominators": denominators.accumulate(acc["denominators"], qstats, seq_ids),
+          "leakage": lk,
           "position0": position0.update(acc["position0"], cap["resid"],
-                                        tokens if x0_groups is None else x0_groups[tokens[:, :1]])}
+                                        tokens if x0_groups is None else x0_groups[tokens[:, :1]])}, zres
 
 
-def make_core_step(graphdef: nnx.GraphDef, visible: jax.Array, x0_groups: jax.Array | None = None):
+def make_core_step(graphdef: nnx.GraphDef, visible: jax.Array, design: FEDesign,
+                   x0_groups: jax.Array | None = None):
   """``step(params, acc, tokens [B, T], seq_ids [B]) -> acc``: one forward, only the core statistics.
 
   What the training-time emergence hook (``abspos_jax/emergence.py``) runs:
@@ -115,38 +125,54 @@ def make_core_step(graphdef: nnx.GraphDef, visible: jax.Array, x0_groups: jax.Ar
   def step(params, acc, tokens, seq_ids):
     cap = forward(nnx.merge(graphdef, params), tokens)
     qstats = denominators.query_statistics(cap["logits"], cap["log_z"], visible)
-    return update_core(acc, cap, qstats, tokens, seq_ids, visible, x0_groups)
+    return update_core(acc, cap, qstats, tokens, seq_ids, design, x0_groups)[0]
 
   return step
 
 
-def init_accumulators(spec, seq_len: int, user: Mapping[str, Statistic], num_groups: int | None = None) -> dict:
+def init_accumulators(spec, seq_len: int, user: Mapping[str, Statistic], num_blocks: int,
+                      num_groups: int | None = None) -> dict:
   """Zero accumulators for a baseline pass over sequences of ``seq_len`` tokens.
 
-  The core ones of :func:`init_core` (``num_groups`` as there) plus probes,
-  closedness, loss and the user statistics.
+  The core ones of :func:`init_core` (``num_blocks``, ``num_groups`` as there)
+  plus probes, closedness, loss and the user statistics.
   """
   L, H, D = spec.num_layers, spec.num_heads, spec.d_model
-  return {**init_core(spec, seq_len, num_groups),
-          "probe_resid": probes.init(L + 1, D),
-          "probe_attn": probes.init(L, len(ATTENTION_FEATURES) * H),
+  return {**init_core(spec, seq_len, num_blocks, num_groups),
+          "probe_resid": probes.init(L + 1, D, num_blocks),
+          "probe_attn": probes.init(L, H, num_blocks),
+          "probe_attn_raw": probes.init(L, len(ATTENTION_FEATURES) * H, num_blocks),
           "closedness": jnp.zeros((L + 1,), jnp.float32),
           "loss_sum": jnp.zeros((), jnp.float32), "loss_count": jnp.zeros((), jnp.float32),
           "user": {name: stat.init() for name, stat in user.items()}}
 
 
-def make_baseline_step(graphdef: nnx.GraphDef, visible: jax.Array, user: Mapping[str, Statistic],
-                       x0_groups: jax.Array | None = None, closedness_sequences: int = 4):
+def closedness_inputs(tokens: jax.Array, k: int, vocab_size: int) -> jax.Array:
+  """``[k, T]``: the first ``k`` sequences with every token after position 0 changed.
+
+  Each takes the previous sequence's tokens of the batch (the last one's for
+  the first) and, where a token would stay the same (always so for a batch of
+  one sequence), the next token id instead, so that every later token differs.
+  """
+  rolled = jnp.roll(tokens, 1, axis=0)[:k, 1:]
+  own = tokens[:k, 1:]
+  later = jnp.where(rolled == own, (own + 1) % vocab_size, rolled)
+  return jnp.concatenate([tokens[:k, :1], later], axis=1)
+
+
+def make_baseline_step(graphdef: nnx.GraphDef, visible: jax.Array, design: FEDesign,
+                       user: Mapping[str, Statistic], x0_groups: jax.Array | None = None,
+                       closedness_sequences: int = 4):
   """``step(params, acc, tokens [B, T], seq_ids [B]) -> acc`` for the unmodified model.
 
-  The core statistics (:func:`update_core`, ``x0_groups`` as there), the
-  closedness check, both probes, the loss and the user statistics. The
-  closedness check takes the first ``k = min(closedness_sequences, B)``
+  The core statistics (:func:`update_core`, ``design`` and ``x0_groups`` as
+  there), the closedness check, the probes, the loss and the user statistics.
+  The closedness check takes the first ``k = min(closedness_sequences, B)``
   sequences of every batch, runs them as they are and with every token after
-  position 0 replaced by the previous sequence's of the batch (the last one's
-  for the first), and keeps the largest change of ``h_0`` per layer; with
-  ``k = B`` the batch's own forward is the first of the two. Extra cost per
-  batch: two forwards of ``k`` sequences (one forward of ``B`` when ``k = B``).
+  position 0 changed (:func:`closedness_inputs`), and keeps the largest change
+  of ``h_0`` per layer; with ``k = B`` the batch's own forward is the first of
+  the two. Extra cost per batch: two forwards of ``k`` sequences (one forward
+  of ``B`` when ``k = B``).
   """
   if closedness_sequences < 1:
     raise ValueError(f"closedness_sequences (AnalysisOptions.closedness_sequences) must be >= 1, "
@@ -156,21 +182,22 @@ def make_baseline_step(graphdef: nnx.GraphDef, visible: jax.Array, user: Mapping
   def step(params, acc, tokens, seq_ids):
     model = nnx.merge(graphdef, params)
     cap = forward(model, tokens, extra_points=extra)
-    # Same x_0, different tokens after it (another sequence's): position 0 must not move. A causal
-    # leak shows on any sequence, so a few per batch keep the check at a fraction of a forward. Both
-    # sides come from forwards of the same shape: a causal model then gives bitwise-equal h_0, whereas
-    # a [k, T] and a [B, T] forward may round differently (~1e-5).
+    # Same x_0, different tokens after it: position 0 must not move. A causal leak shows on any
+    # sequence, so a few per batch keep the check at a fraction of a forward. Both sides come from
+    # forwards of the same shape: a causal model then gives bitwise-equal h_0, whereas a [k, T] and
+    # a [B, T] forward may round differently (~1e-5).
     k = min(closedness_sequences, tokens.shape[0])
-    other = jnp.concatenate([tokens[:k, :1], jnp.roll(tokens, 1, axis=0)[:k, 1:]], axis=1)
+    other = closedness_inputs(tokens, k, model.spec.vocab_size)
     same = cap["resid"] if k == tokens.shape[0] else forward(model, tokens[:k])["resid"]
     closedness = position0.closedness_max_abs_diff(same, forward(model, other)["resid"])
     n = tokens.shape[0] * (tokens.shape[1] - 1)
     qstats = denominators.query_statistics(cap["logits"], cap["log_z"], visible)  # once, for two consumers
+    core, zres = update_core(acc, cap, qstats, tokens, seq_ids, design, x0_groups)
     out = {
-        **update_core(acc, cap, qstats, tokens, seq_ids, visible, x0_groups),
+        **core,
         "probe_resid": probes.update(acc["probe_resid"], cap["resid"], seq_ids),
-        "probe_attn": probes.update(acc["probe_attn"], attention_features(qstats),
-                                    seq_ids),
+        "probe_attn": probes.update(acc["probe_attn"], jnp.swapaxes(zres, 2, 3), seq_ids),
+        "probe_attn_raw": probes.update(acc["probe_attn_raw"], attention_features(qstats), seq_ids),
         "closedness": jnp.maximum(acc["closedness"], closedness),
         "loss_sum": acc["loss_sum"] + lm_loss(cap["output"][:, :-1], tokens[:, 1:]) * n,
         "loss_count": acc["loss_count"] + n,
@@ -182,18 +209,19 @@ def make_baseline_step(graphdef: nnx.GraphDef, visible: jax.Array, user: Mapping
   return step
 
 
-def make_intervention_step(graphdef: nnx.GraphDef, visible: jax.Array, cells: jax.Array, edits_fn):
+def make_intervention_step(graphdef: nnx.GraphDef, visible: jax.Array, design: FEDesign, edits_fn):
   """``step(params, acc, tokens, seq_ids, source) -> acc`` accumulating leakage and denominators.
 
   ``edits_fn(model, tokens, source)`` builds the edits inside the trace (it may
   run the model on ``source`` first, as ``pos0_patch`` does). Leakage is
-  measured on the ``cells`` mask (a subset of ``visible``, see
-  ``interventions.without_sink_cells``), denominators on the model's ``visible``.
+  measured on the cells of ``design`` (per head for ``sink_ablate``, see
+  ``interventions.sink_cells``), denominators on the model's ``visible``.
   """
   def step(params, acc, tokens, seq_ids, source):
     model = nnx.merge(graphdef, params)
     cap = forward(model, tokens, edits=edits_fn(model, tokens, source))
-    return {"leakage": leakage.update(acc["leakage"], cap["logits"], cap["log_z"], seq_ids, cells),
-            "denominators": denominators.update(acc["denominators"], cap["logits"], cap["log_z"], visible)}
+    return {"leakage": leakage.update(acc["leakage"], cap["logits"], cap["log_z"], seq_ids, design)[0],
+            "denominators": denominators.update(acc["denominators"], cap["logits"], cap["log_z"], visible,
+                                                seq_ids)}
 
   return step

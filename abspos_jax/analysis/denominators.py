@@ -9,10 +9,13 @@ on the visible keys ``V(i)``):
 * ``max_weight``: ``max_j a_ij``;
 * ``sink_mass``: ``a_i0`` (0 where key 0 is not visible, e.g. past a sliding window).
 
-``finalize`` returns the mean over sequences and the population std (ddof 0).
-Sums are taken of ``x - ref`` with ``ref`` the first batch's mean, fixed
-afterwards, so the variance does not cancel when the mean is large against the
-spread (``log Z`` of long sequences).
+Sums are kept per block of sequences (``seq_id % K``, as in :mod:`leakage`)
+so that :mod:`intervals` can leave blocks out. ``finalize(acc, visible, keep)``
+returns the mean over the kept sequences, the population std (ddof 0) and the
+sink mass of each half (even / odd blocks: :mod:`sinks` selects heads on one
+and measures them on the other). Sums are taken of ``x - ref`` with ``ref``
+the first batch's mean, fixed afterwards, so the variance does not cancel
+when the mean is large against the spread (``log Z`` of long sequences).
 
 ``log_z_slope``: per (l, h), the OLS slope of mean ``log Z_i`` on
 ``log|V(i)|`` over queries, each query weighted once, using only the queries
@@ -50,7 +53,8 @@ def query_statistics(logits: jax.Array, log_z: jax.Array,
     s, lz = x  # [L, H, T, T], [L, H, T]
     log_a = jnp.where(vis, s - lz[..., None], 0.0)
     a = jnp.where(vis, jnp.exp(log_a), 0.0)
-    return -(a * log_a).sum(-1), a.max(-1), a[..., 0]
+    # A key removed by an edit (logit -inf, as sink_ablate does) has a = 0 and adds nothing (not 0 * -inf).
+    return -jnp.where(a > 0, a * log_a, 0.0).sum(-1), a.max(-1), a[..., 0]
 
   # One sequence at a time, so that each step's [L, H, T, T] stays in cache: 2.4x faster on CPU
   # than the same expressions over the whole batch (docs/benchmarks.md).
@@ -61,27 +65,31 @@ def query_statistics(logits: jax.Array, log_z: jax.Array,
               entropy=entropy, max_weight=max_weight, sink_mass=sink_mass)
 
 
-def init(num_layers: int, num_heads: int, seq_len: int) -> dict:
-  """Zero accumulator: per quantity ``s1, s2, ref [L, H, T]``; ``n []``."""
+def init(num_layers: int, num_heads: int, seq_len: int, num_blocks: int) -> dict:
+  """Zero accumulator: per quantity ``s1, s2 [K, L, H, T]`` and ``ref [L, H, T]``; ``n [K]``."""
   zeros = jnp.zeros((num_layers, num_heads, seq_len), jnp.float32)
-  return dict(n=jnp.zeros((), jnp.float32),
-              **{q: dict(s1=zeros, s2=zeros, ref=zeros) for q in QUANTITIES})
+  blocks = jnp.zeros((num_blocks,) + zeros.shape, jnp.float32)
+  return dict(n=jnp.zeros((num_blocks,), jnp.float32),
+              **{q: dict(s1=blocks, s2=blocks, ref=zeros) for q in QUANTITIES})
 
 
-def update(acc: dict, logits: jax.Array, log_z: jax.Array,
-           visible: jax.Array) -> dict:
-  """Adds a batch (shapes as in ``query_statistics``)."""
-  return accumulate(acc, query_statistics(logits, log_z, visible))
+def update(acc: dict, logits: jax.Array, log_z: jax.Array, visible: jax.Array, seq_ids: jax.Array) -> dict:
+  """Adds a batch (shapes as in ``query_statistics``; ``seq_ids [B]`` pick the blocks)."""
+  return accumulate(acc, query_statistics(logits, log_z, visible), seq_ids)
 
 
-def accumulate(acc: dict, stats: dict[str, jax.Array]) -> dict:
+def accumulate(acc: dict, stats: dict[str, jax.Array], seq_ids: jax.Array) -> dict:
   """Adds a batch's ``query_statistics`` (each ``[B, L, H, T]``), computed once by a caller that also uses them."""
-  out = dict(n=acc["n"] + stats["log_z"].shape[0])
+  num_blocks = acc["n"].shape[0]
+  onehot = jax.nn.one_hot(seq_ids % num_blocks, num_blocks, dtype=jnp.float32)
+  out = dict(n=acc["n"] + onehot.sum(0))
+  seen = acc["n"].sum() > 0
   for q in QUANTITIES:
     x = stats[q].astype(jnp.float32)
-    ref = jnp.where(acc["n"] > 0, acc[q]["ref"], x.mean(0))
+    ref = jnp.where(seen, acc[q]["ref"], x.mean(0))
     y = x - ref
-    out[q] = dict(s1=acc[q]["s1"] + y.sum(0), s2=acc[q]["s2"] + (y * y).sum(0), ref=ref)
+    add = lambda a, v: a + jnp.einsum("bk,b...->k...", onehot, v, precision=fe.HIGHEST)  # noqa: E731
+    out[q] = dict(s1=add(acc[q]["s1"], y), s2=add(acc[q]["s2"], y * y), ref=ref)
   return out
 
 
@@ -106,23 +114,31 @@ def _slope(x: jax.Array, y: jax.Array, counts: jax.Array) -> jax.Array:
   return jnp.where(ok, (xc * yc).sum(-1) / jnp.where(ok, sxx, 1.0), jnp.nan)
 
 
-@jax.jit
-def finalize(acc: dict, visible: jax.Array) -> dict[str, jax.Array]:
-  """Means and stds over sequences.
+def finalize(acc: dict, visible: jax.Array, keep: jax.Array | None = None) -> dict[str, jax.Array]:
+  """Means and stds over the kept sequences (jittable; ``keep [K]``, default all blocks).
 
   Returns ``Q [L, H, T]`` and ``Q_std [L, H, T]`` for every ``Q`` in
-  ``QUANTITIES``; ``log_visible`` (``[T]`` for a ``[T, T]`` mask, ``[L, T]``
-  for ``[L, T, T]``); ``log_z_slope [L, H]``; ``n_sequences []``.
+  ``QUANTITIES``; ``sink_mass_half [2, L, H, T]`` (means over the kept even /
+  odd blocks); ``log_visible`` (``[T]`` for a ``[T, T]`` mask, ``[L, T]`` for
+  ``[L, T, T]``); ``log_z_slope [L, H]``; ``n_sequences []``.
   """
-  n = jnp.maximum(acc["n"], 1.0)
+  keep = jnp.ones_like(acc["n"]) if keep is None else keep
+  parity = jnp.arange(keep.shape[0]) % 2
+  halves = jnp.stack([keep * (parity == 0), keep * (parity == 1)])
+  n_all = keep @ acc["n"]
+  n = jnp.maximum(n_all, 1.0)
   out = {}
   for q in QUANTITIES:
-    m1 = acc[q]["s1"] / n
+    m1 = jnp.einsum("k,k...->...", keep, acc[q]["s1"]) / n
     out[q] = m1 + acc[q]["ref"]
-    out[q + "_std"] = jnp.sqrt(jnp.maximum(acc[q]["s2"] / n - m1 * m1, 0.0))
+    m2 = jnp.einsum("k,k...->...", keep, acc[q]["s2"]) / n
+    out[q + "_std"] = jnp.sqrt(jnp.maximum(m2 - m1 * m1, 0.0))
+  n_half = jnp.maximum(halves @ acc["n"], 1.0)
+  out["sink_mass_half"] = (jnp.einsum("hk,k...->h...", halves, acc["sink_mass"]["s1"])
+                           / n_half[:, None, None, None] + acc["sink_mass"]["ref"])
   log_v = log_visible(visible)
   counts = visible.sum(-1).astype(jnp.float32)
   out["log_z_slope"] = _slope(log_v, out["log_z"], counts)
   out["log_visible"] = log_v
-  out["n_sequences"] = acc["n"]
+  out["n_sequences"] = n_all
   return out

@@ -1,28 +1,30 @@
-"""Two-way fixed-effects projection on the (query, offset) cell grid.
+"""Two-way fixed effects on the (query, offset) cells, from per-offset and per-query sums.
 
-Cells are the visible pairs ``(i, j)`` of one attention mask (query ``i``, key
-``j <= i``); the offset is ``d = i - j``. For a pair quantity ``X`` two
-additive models are fit by OLS:
+Cells are the pairs ``(i, j)`` of one cell mask (query ``i``, key ``j <= i``);
+the offset is ``d = i - j``. Cells are addressed in *skew* coordinates
+``(i, d)``: cell ``(i, d)`` is key ``j = i - d``. For a pair quantity ``X``
+two additive models are fit by OLS over observations (every sequence
+contributes one observation to every cell):
 
 * model A (two-way): ``X_ij = alpha_{i-j} + beta_i``
 * model B (offset only): ``X_ij = alpha_{i-j}``
 
-Every sequence contributes one observation to every visible cell, so OLS on the
-pooled observations equals OLS on the cell means ``M_ij`` (the normal equations
-of the pooled fit are ``n`` times those of the cell-mean fit). The fit is then
-a fixed linear map of ``M``: with the dummy-coded design ``D`` (``T`` offset
-columns, ``T`` query columns) the coefficients are ``G^+ D^T M`` with
-``G = D^T D`` of shape ``[2T, 2T]``, precomputed once per mask in float64.
+With the dummy design ``D`` (``T`` offset columns, then ``T`` query columns),
+the normal equations are ``G coef = D^T x / n`` with ``G = D^T D``
+(``[2T, 2T]``, the same for every sequence) and ``D^T x`` the *per-offset and
+per-query sums* of the observations. So a fit needs ``[T]`` sums, never a
+``[T, T]`` grid, and its residual sum of squares needs only those plus the
+sums of squares: for any coefficients ``c`` (offsets first) and ``n`` sequences,
 
-``alpha`` and ``beta`` are identified only up to a shared constant; the
-centred query effect ``phi_i = beta_i - sum_cells beta_{i(c)} / n_cells`` (a
-cell-weighted mean: query ``i`` counts ``|V(i)|`` times) is unique whenever the
-bipartite graph of queries and offsets is connected, which holds for every mask
-that shows each query itself (offset 0 links all queries). ``make_design``
-checks this.
+    SSE(c) = sum x^2 - 2 c . D^T x + n c^T G c.
 
-This module also holds the held-out R^2 machinery (per-cell sufficient
-statistics split into two halves by sequence id) that ``leakage`` builds on.
+``G^+`` is precomputed once per distinct mask in float64. ``alpha`` and
+``beta`` are identified only up to a shared constant; the centred query effect
+``phi_i = beta_i - sum_i |C(i)| beta_i / n_cells`` (cell-weighted: query ``i``
+counts ``|C(i)|`` times, ``C(i)`` its cells) is unique whenever the bipartite
+graph of queries and offsets is connected, which holds for every mask that
+shows each query itself (offset 0 links all queries). ``make_design`` checks it.
+
 Arrays are float32; ``T`` is the sequence length.
 """
 
@@ -39,76 +41,119 @@ HIGHEST = jax.lax.Precision.HIGHEST
 
 
 class FEDesign(NamedTuple):
-  """Precomputed design of one mask, or a stack of masks (leading axes ``...``).
+  """Precomputed design of one cell mask or a stack of them (leading axes ``...``).
 
-  Fields (``...`` is empty for one mask, ``[L]`` for one mask per layer):
-    visible: bool ``[..., T, T]``, the cells.
-    diff_index: int32 ``[..., T, T]``, ``clip(i - k, 0, T-1)``: the offset of
-      cell ``(i, j=k)``, and the key of skew cell ``(i, d=k)``.
-    skew_valid: bool ``[..., T, T]``, ``(i, d)`` is a visible cell.
-    query_count: float32 ``[..., T]``, ``|V(i)|``.
+  Fields (``...`` is empty for one mask, ``[L]`` per layer, ``[L, H]`` per head):
+    visible: bool ``[..., T, T]``, the cells ``(i, j)``.
+    diff_index: int32 ``[T, T]``, ``clip(i - k, 0, T-1)``: the key of skew
+      cell ``(i, d=k)`` (and the offset of cell ``(i, j=k)``).
+    skew_valid: bool ``[..., T, T]``, ``(i, d)`` is a cell.
+    key_valid: bool ``[..., T, T]``, ``(i, d)`` is a key the softmax of query
+      ``i`` normalises over (the cells unless ``make_design`` got ``keys``).
+    key_count: float32 ``[..., T]``, ``n(i)``: the keys query ``i`` normalises over.
+    ref_valid: bool ``[..., T, T]``, ``(p, d)`` is a reference of the mask-only
+      normaliser for ``n = d + 1`` keys: query ``p`` normalises over its nearest
+      ``n`` offsets at least, none of them key 0 (``p - d >= 1``); where no ``p``
+      qualifies (``n = T`` under a causal mask) the last query ``p = T - 1`` is used.
+    ref_count: float32 ``[..., T]``, references per ``n = d + 1``.
+    query_count: float32 ``[..., T]``, ``|C(i)|``, the keys of query ``i``.
     offset_count: float32 ``[..., T]``, cells with offset ``d``.
     n_cells: float32 ``[...]``.
-    normal_pinv: float32 ``[..., 2T, 2T]``, ``G^+`` (offset block first).
+    gram: float32 ``[..., 2T, 2T]``, ``G`` (offset block first).
+    normal_pinv: float32 ``[..., 2T, 2T]``, ``G^+``.
   """
 
   visible: jax.Array
   diff_index: jax.Array
   skew_valid: jax.Array
+  key_valid: jax.Array
+  key_count: jax.Array
+  ref_valid: jax.Array
+  ref_count: jax.Array
   query_count: jax.Array
   offset_count: jax.Array
   n_cells: jax.Array
+  gram: jax.Array
   normal_pinv: jax.Array
 
 
-def _design_arrays(visible: np.ndarray) -> tuple[np.ndarray, ...]:
-  """NumPy fields of ``FEDesign`` for one ``[T, T]`` mask."""
-  t = visible.shape[-1]
-  if visible.shape != (t, t):
-    raise ValueError(f"visible must be [T, T], got {visible.shape}")
-  if np.any(visible & ~np.tri(t, dtype=bool)):
-    raise ValueError("visible must be causal (keys j <= i only)")
-  if not visible.any(axis=1).all():
-    raise ValueError("every query needs at least one visible key")
+def _skew_mask(mask: np.ndarray, name: str) -> np.ndarray:
+  """Checked skew coordinates ``(i, d)`` of a causal mask whose keys are the nearest offsets of each query."""
+  t = mask.shape[-1]
+  if mask.shape != (t, t):
+    raise ValueError(f"{name} must be [T, T], got {mask.shape}")
+  if np.any(mask & ~np.tri(t, dtype=bool)):
+    raise ValueError(f"{name} must be causal (keys j <= i only)")
+  if not np.diagonal(mask).all():
+    raise ValueError(f"every query must see itself (the diagonal of {name} must be True)")
   i = np.arange(t)[:, None]
   d = np.arange(t)[None, :]
-  diff_index = np.clip(i - d, 0, t - 1)
-  skew_valid = (i - d >= 0) & visible[np.broadcast_to(i, (t, t)), diff_index]
-  query_count = visible.sum(1).astype(np.float64)
+  sk = (i - d >= 0) & mask[np.broadcast_to(i, (t, t)), np.clip(i - d, 0, t - 1)]
+  return sk
+
+
+def _design_arrays(visible: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, ...]:
+  """NumPy fields of ``FEDesign`` (but ``diff_index``) for one ``[T, T]`` cell mask and its keys."""
+  skew_valid = _skew_mask(visible, "visible")
+  key_valid = _skew_mask(keys, "keys")
+  t = visible.shape[-1]
+  i = np.arange(t)[:, None]
+  d = np.arange(t)[None, :]
+  if np.any(visible & ~keys):
+    raise ValueError("every cell must be a key of its query (visible within keys)")
+  # The keys of each query must be its nearest offsets (a prefix d < n(i)), so that a query with n keys
+  # and a reference reading its nearest n offsets see the same kind of window.
+  query_count = skew_valid.sum(1)
+  key_count = key_valid.sum(1)
+  if not (key_valid == (d < key_count[:, None])).all():
+    raise ValueError("the keys of every query must be contiguous and end at the query itself")
+  ref_valid = key_valid & (i - d >= 1)
+  empty = ~ref_valid.any(0)
+  used = np.isin(np.arange(t), key_count - 1)
+  ref_valid[t - 1, empty & used & key_valid[t - 1]] = True
+  ref_count = ref_valid.sum(0).astype(np.float64)
   offset_count = skew_valid.sum(0).astype(np.float64)
   sv = skew_valid.astype(np.float64)
-  gram = np.block([[np.diag(offset_count), sv.T], [sv, np.diag(query_count)]])
+  gram = np.block([[np.diag(offset_count), sv.T], [sv, np.diag(query_count.astype(np.float64))]])
   w, v = np.linalg.eigh(gram)
   keep = w > 1e-8 * w.max()  # nonzero eigenvalues are >= ~1 for causal masks
   # Null space: the shared constant plus one direction per unused offset.
   expected_rank = 2 * t - 1 - int((offset_count == 0).sum())
   if keep.sum() != expected_rank:
-    raise ValueError("query effects are not identified: the (query, offset) "
-                     "graph of this mask is disconnected")
+    raise ValueError("query effects are not identified: the (query, offset) graph of this mask is disconnected")
   pinv = (v[:, keep] / w[keep]) @ v[:, keep].T
-  return (visible, diff_index.astype(np.int32), skew_valid,
-          query_count.astype(np.float32), offset_count.astype(np.float32),
-          np.float32(visible.sum()), pinv.astype(np.float32))
+  return (visible, skew_valid, key_valid, key_count.astype(np.float32), ref_valid, ref_count.astype(np.float32),
+          query_count.astype(np.float32),
+          offset_count.astype(np.float32), np.float32(visible.sum()), gram.astype(np.float32),
+          pinv.astype(np.float32))
 
 
-def make_design(visible: np.ndarray | jax.Array) -> FEDesign:
-  """Builds the design of a mask ``[T, T]`` or a stack of masks ``[L, T, T]``.
+def make_design(visible: np.ndarray | jax.Array, keys: np.ndarray | jax.Array | None = None) -> FEDesign:
+  """Builds the design of a cell mask ``[T, T]`` or a stack ``[L, T, T]`` / ``[L, H, T, T]``.
 
-  Runs on the host (float64 eigendecomposition of each distinct mask). The
-  fit functions below take the design of one mask; map them over a stack with
-  ``jax.vmap`` (as ``leakage.finalize`` does).
+  ``keys`` (same shape or broadcastable): the keys each query's softmax
+  normalises over, when the cells are fewer (``sink_ablate``'s reference pass
+  measures the cells without key 0 while the model still normalises over it);
+  default the cells. Runs on the host (float64 eigendecomposition of each
+  distinct mask).
   """
   vis = np.asarray(visible, dtype=bool)
-  if vis.ndim == 2:
-    return FEDesign(*map(jnp.asarray, _design_arrays(vis)))
-  if vis.ndim != 3:
-    raise ValueError(f"visible must be [T, T] or [L, T, T], got {vis.shape}")
-  cache: dict[bytes, tuple[np.ndarray, ...]] = {}  # local/global patterns repeat
-  for v in vis:
-    if v.tobytes() not in cache:
-      cache[v.tobytes()] = _design_arrays(v)
-  per_layer = [cache[v.tobytes()] for v in vis]
-  return FEDesign(*(jnp.asarray(np.stack(f)) for f in zip(*per_layer)))
+  if vis.ndim not in (2, 3, 4):
+    raise ValueError(f"visible must be [T, T], [L, T, T] or [L, H, T, T], got {vis.shape}")
+  key = vis if keys is None else np.broadcast_to(np.asarray(keys, dtype=bool), vis.shape)
+  t = vis.shape[-1]
+  diff_index = jnp.asarray(np.clip(np.arange(t)[:, None] - np.arange(t)[None, :], 0, t - 1).astype(np.int32))
+  lead = vis.shape[:-2]
+  cache: dict[bytes, tuple[np.ndarray, ...]] = {}  # local/global and ablated/kept patterns repeat
+  flat, flat_keys = vis.reshape((-1, t, t)), key.reshape((-1, t, t))
+  per_mask = []
+  for v, k in zip(flat, flat_keys):
+    tag = v.tobytes() + k.tobytes()
+    if tag not in cache:
+      cache[tag] = _design_arrays(v, k)
+    per_mask.append(cache[tag])
+  fields = [np.stack(f).reshape(lead + f[0].shape) for f in zip(*per_mask)]
+  return FEDesign(jnp.asarray(fields[0]), diff_index, *map(jnp.asarray, fields[1:]))
 
 
 def layer_mask(visible: jax.Array) -> jax.Array:
@@ -116,20 +161,16 @@ def layer_mask(visible: jax.Array) -> jax.Array:
   return visible if visible.ndim == 2 else visible[..., None, :, :]
 
 
-def design_sums(design: FEDesign, x: jax.Array) -> tuple[jax.Array, jax.Array]:
-  """``D^T X``: sums of ``x [..., T, T]`` over visible cells per offset and per query.
+def skew(design: FEDesign, x: jax.Array) -> jax.Array:
+  """``x[..., i, j] -> y[..., i, d] = x[..., i, clip(i - d, 0, T-1)]``: ``[..., T, T]``.
 
-  Returns ``(offset_sums [..., T], query_sums [..., T])``.
+  Meaningful on the cells only (``design.skew_valid``); callers mask the rest.
   """
-  x = jnp.where(design.visible, x, 0.0)
-  query_sums = x.sum(-1)
-  skew = jnp.take_along_axis(x, jnp.broadcast_to(design.diff_index, x.shape), -1)
-  offset_sums = jnp.where(design.skew_valid, skew, 0.0).sum(-2)
-  return offset_sums, query_sums
+  return jnp.take_along_axis(x, jnp.broadcast_to(design.diff_index, x.shape), -1)
 
 
 def cell_mean_of_query_function(design: FEDesign, f: jax.Array) -> jax.Array:
-  """Mean over visible cells of ``f(i)``: ``sum_i |V(i)| f_i / n_cells``; ``[..., T] -> [...]``."""
+  """Mean over cells of ``f(i)``: ``sum_i |C(i)| f_i / n_cells``; ``[..., T] -> [...]``."""
   return jnp.sum(design.query_count * f, -1) / design.n_cells
 
 
@@ -138,136 +179,42 @@ def query_function_effect(design: FEDesign, f: jax.Array) -> jax.Array:
   return f - cell_mean_of_query_function(design, f)[..., None]
 
 
-def _two_way_coef(design: FEDesign, m: jax.Array) -> jax.Array:
-  """Minimum-norm coefficients ``G^+ D^T m``: ``[..., T, T] -> [..., 2T]`` (offsets first)."""
-  offset_sums, query_sums = design_sums(design, m)
-  rhs = jnp.concatenate([offset_sums, query_sums], -1)
-  return jnp.einsum("...k,jk->...j", rhs, design.normal_pinv, precision=HIGHEST)
+def gram_times(design: FEDesign, coef: jax.Array) -> jax.Array:
+  """``G coef``: ``[..., 2T] -> [..., 2T]``."""
+  return jnp.einsum("...k,...jk->...j", coef, design.gram, precision=HIGHEST)
 
 
-def _two_way_fitted(design: FEDesign, coef: jax.Array) -> jax.Array:
-  """``alpha_{i-j} + beta_i`` on the visible cells, 0 elsewhere: ``[..., 2T] -> [..., T, T]``."""
+def fit_two_way(design: FEDesign, offset_means: jax.Array, query_means: jax.Array) -> jax.Array:
+  """Model A from ``D^T x / n`` (``offset_means, query_means [..., T]``): coefficients ``[..., 2T]``.
+
+  The minimum-norm solution ``G^+ D^T x / n``, plus one step of iterative
+  refinement: in float32 the right-hand side is much larger than the
+  coefficients (error ~1e-4 at T = 128 without it, ~1e-6 with it).
+  """
+  rhs = jnp.concatenate([offset_means, query_means], -1)
+  solve = lambda r: jnp.einsum("...k,...jk->...j", r, design.normal_pinv, precision=HIGHEST)  # noqa: E731
+  coef = solve(rhs)
+  return coef + solve(rhs - gram_times(design, coef))
+
+
+def fit_offset_only(design: FEDesign, offset_means: jax.Array) -> jax.Array:
+  """Model B: ``alpha_d`` = mean over the offset-``d`` cells (0 where none), as ``[..., 2T]`` coefficients."""
+  alpha = offset_means / jnp.maximum(design.offset_count, 1.0)
+  return jnp.concatenate([alpha, jnp.zeros_like(alpha)], -1)
+
+
+def query_effect(design: FEDesign, coef: jax.Array) -> jax.Array:
+  """Centred query effect ``phi [..., T]`` of two-way coefficients ``[..., 2T]``."""
   t = coef.shape[-1] // 2
-  fitted = jnp.take(coef[..., :t], design.diff_index, axis=-1) + coef[..., t:, None]
-  return jnp.where(design.visible, fitted, 0.0)
+  return query_function_effect(design, coef[..., t:])
 
 
-def fit_two_way(design: FEDesign, m: jax.Array) -> dict[str, jax.Array]:
-  """Fits model A to cell means ``m [..., T, T]``.
+def sse(design: FEDesign, coef: jax.Array, offset_sums: jax.Array, query_sums: jax.Array,
+        sum_squares: jax.Array, n: jax.Array) -> jax.Array:
+  """``sum_obs (x - pred)^2`` of ``n`` sequences from their sums: ``SSE = sum x^2 - 2 c . D^T x + n c^T G c``.
 
-  Returns ``alpha [..., T]`` (offset effects, minimum-norm solution),
-  ``beta [..., T]`` (query effects, same), ``phi [..., T]`` (centred query
-  effect, identified) and ``fitted [..., T, T]`` (0 off the visible cells).
+  ``coef [..., 2T]``; ``offset_sums, query_sums [..., T]`` and ``sum_squares [...]``
+  are the sums of ``x`` and ``x^2`` over the observations. Returns ``[...]``.
   """
-  t = m.shape[-1]
-  coef = _two_way_coef(design, m)
-  # One step of iterative refinement: in float32 the sums in D^T m are much
-  # larger than the coefficients (error ~1e-4 at T = 128); refitting the
-  # residual brings it to ~1e-6.
-  coef = coef + _two_way_coef(design, m - _two_way_fitted(design, coef))
-  alpha, beta = coef[..., :t], coef[..., t:]
-  return dict(alpha=alpha, beta=beta, phi=query_function_effect(design, beta),
-              fitted=_two_way_fitted(design, coef))
-
-
-def fit_offset_only(design: FEDesign, m: jax.Array) -> dict[str, jax.Array]:
-  """Fits model B to cell means ``m [..., T, T]``: ``alpha_d`` = mean over offset-``d`` cells.
-
-  Returns ``alpha [..., T]`` (0 for offsets with no cell) and ``fitted [..., T, T]``.
-  """
-  offset_sums, _ = design_sums(design, m)
-  alpha = offset_sums / jnp.maximum(design.offset_count, 1.0)
-  fitted = jnp.take(alpha, design.diff_index, axis=-1)
-  return dict(alpha=alpha, fitted=jnp.where(design.visible, fitted, 0.0))
-
-
-# --- Held-out sufficient statistics ------------------------------------------
-#
-# acc = {s1, s2: [*lead, 2, T, T], n: [2], ref: [*lead, T, T]}. Half k holds the
-# sequences with seq_id % 2 == k (k = 0 fits, k = 1 scores); s1 / s2 are the
-# per-cell sums of (x - ref) and (x - ref)^2, n the number of sequences. ref is
-# the cell mean of the first batch seen (all its sequences), fixed afterwards:
-# it keeps sums of squares free of cancellation when a cell's mean is large
-# against its spread, and every result below is exactly invariant to it.
-
-
-def heldout_init(shape: tuple[int, ...]) -> dict[str, jax.Array]:
-  """Zero accumulator for a pair quantity of shape ``[*lead, T, T]`` per sequence."""
-  *lead, t, t2 = shape
-  return dict(s1=jnp.zeros((*lead, 2, t, t2), jnp.float32),
-              s2=jnp.zeros((*lead, 2, t, t2), jnp.float32),
-              n=jnp.zeros((2,), jnp.float32),
-              ref=jnp.zeros(shape, jnp.float32))
-
-
-def heldout_update(acc: dict[str, jax.Array], x: jax.Array, visible: jax.Array,
-                   seq_ids: jax.Array) -> dict[str, jax.Array]:
-  """Adds a batch ``x [B, *lead, T, T]``.
-
-  ``visible`` bool broadcastable to ``[*lead, T, T]``; ``seq_ids`` int ``[B]``.
-  """
-  x = x.astype(jnp.float32)
-  seq_half = seq_ids % 2
-  onehot = jax.nn.one_hot(seq_half, 2, dtype=jnp.float32)
-
-  def first_batch_mean() -> jax.Array:
-    return jnp.einsum("b,b...->...", jnp.full((x.shape[0],), 1.0 / x.shape[0], jnp.float32),
-                      jnp.where(visible, x, 0.0), precision=HIGHEST)
-
-  ref = jax.lax.cond(acc["n"].sum() > 0, lambda: acc["ref"], first_batch_mean)
-
-  # One sequence at a time: each step reads x[b] once and adds y and y^2 in place into its half
-  # (the sums stay in cache), where sums over the batch axis as contractions or reductions make
-  # several passes over [B, *lead, T, T]: ~4x faster on CPU (docs/benchmarks.md).
-  def add(b: jax.Array, sums: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array]:
-    y = jnp.where(visible, x[b] - ref, 0.0)
-    return sums[0].at[seq_half[b]].add(y), sums[1].at[seq_half[b]].add(y * y)
-
-  zeros = jnp.zeros((2,) + x.shape[1:], jnp.float32)
-  s1, s2 = jax.lax.fori_loop(0, x.shape[0], add, (zeros, zeros))
-  return dict(s1=acc["s1"] + jnp.moveaxis(s1, 0, -3), s2=acc["s2"] + jnp.moveaxis(s2, 0, -3),
-              n=acc["n"] + onehot.sum(0), ref=ref)
-
-
-def total_sum_squares(s1: jax.Array, s2: jax.Array, n: jax.Array, ref: jax.Array,
-                      cells: jax.Array) -> jax.Array:
-  """``sum (x - xbar)^2`` over the observations in ``cells``, ``xbar`` their grand mean.
-
-  ``s1, s2, ref [..., T, T]`` are sums of ``x - ref`` and its square over ``n``
-  sequences; ``cells`` bool broadcastable to them. Writing ``u_c = ref_c - xbar``:
-  ``TSS = sum_c [s2_c + 2 u_c s1_c + n u_c^2]``. Returns ``[...]``.
-  """
-  cells = jnp.broadcast_to(cells, s1.shape)
-  n_cells = cells.sum((-2, -1))
-  total = jnp.where(cells, s1 + n * ref, 0.0).sum((-2, -1))
-  xbar = total / jnp.maximum(n * n_cells, 1.0)
-  u = ref - xbar[..., None, None]
-  return jnp.where(cells, s2 + 2.0 * u * s1 + n * u * u, 0.0).sum((-2, -1))
-
-
-def pooled_cell_means(acc: dict[str, jax.Array]) -> jax.Array:
-  """Cell means over both halves, ``[*lead, T, T]``."""
-  return acc["s1"].sum(-3) / jnp.maximum(acc["n"].sum(), 1.0) + acc["ref"]
-
-
-def heldout_r2(design: FEDesign, acc: dict[str, jax.Array]) -> dict[str, jax.Array]:
-  """Held-out R^2 of models A and B: fit on half 0's cell means, score half 1.
-
-  ``SSE = sum_cells [S2 - 2 q S1 + n q^2]`` with ``q = pred - ref`` and the
-  test half's ref-centred sums ``S1, S2``; ``SST`` is the test half's total sum
-  of squares about its grand mean. Returns ``two_way``, ``offset`` (``[*lead]``,
-  NaN when a half is empty or ``SST = 0``).
-  """
-  n_fit, n_test = acc["n"][0], acc["n"][1]
-  fit_mean = acc["s1"][..., 0, :, :] / jnp.maximum(n_fit, 1.0) + acc["ref"]
-  s1, s2 = acc["s1"][..., 1, :, :], acc["s2"][..., 1, :, :]
-  sst = total_sum_squares(s1, s2, n_test, acc["ref"], design.visible)
-  ok = (n_fit > 0) & (n_test > 0) & (sst > 0)
-
-  def r2(pred: jax.Array) -> jax.Array:
-    q = pred - acc["ref"]
-    sse = jnp.where(design.visible, s2 - 2.0 * q * s1 + n_test * q * q, 0.0)
-    return jnp.where(ok, 1.0 - sse.sum((-2, -1)) / jnp.where(ok, sst, 1.0), jnp.nan)
-
-  return dict(two_way=r2(fit_two_way(design, fit_mean)["fitted"]),
-              offset=r2(fit_offset_only(design, fit_mean)["fitted"]))
+  rhs = jnp.concatenate([offset_sums, query_sums], -1)
+  return sum_squares - 2.0 * (coef * rhs).sum(-1) + n * (coef * gram_times(design, coef)).sum(-1)

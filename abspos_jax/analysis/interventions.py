@@ -11,7 +11,8 @@ Each function returns a ``{hook point: edit}`` mapping for
   ``resid.L``) is taken from another forward pass.
 - ``sink_ablate``: key 0 is removed from the chosen heads for every query
   ``i >= 1`` (its logit set to ``-inf``; the softmax renormalises over the
-  remaining keys). Query 0 keeps key 0: it has no other key.
+  remaining keys). Query 0 keeps key 0: it has no other key. It is measured
+  on :func:`sink_cells`, the same cells before and after.
 """
 
 import jax
@@ -69,8 +70,17 @@ def sink_ablate(heads: np.ndarray) -> dict[str, Edit]:
   return edits
 
 
-def without_sink_cells(visible: jax.Array) -> jax.Array:
-  """The mask minus key 0 for queries ``i >= 1``: the common cell set on which sink ablation is measured."""
+def sink_cells(visible: jax.Array, heads: np.ndarray) -> jax.Array:
+  """``[L, H, T, T]``: the cells on which ``sink_ablate`` is measured, before and after.
+
+  The model's mask (``visible [T, T]`` or ``[L, T, T]``) for heads that are not
+  ablated; without key 0 for queries ``i >= 1`` in the ablated heads
+  (``heads [L, H]``). Both passes then share, head by head, one cell set and so
+  one mask-only normaliser (for an ablated head: ``n(i) = i`` keys, none of
+  them key 0).
+  """
+  heads = np.asarray(heads, bool)
   t = visible.shape[-1]
+  vis = jnp.broadcast_to(visible if visible.ndim == 3 else visible[None], (heads.shape[0], t, t))
   drop = (jnp.arange(t)[:, None] >= 1) & (jnp.arange(t)[None, :] == 0)
-  return visible & ~drop
+  return vis[:, None] & ~(jnp.asarray(heads)[:, :, None, None] & drop)

@@ -1,33 +1,53 @@
-"""Absolute-position leakage of logits and log-weights, and its exact split.
+"""Absolute-position leakage of logits and log-weights, and its causal-mask / residual-stream split (v2).
 
 Per layer ``l`` and head ``h`` the pair quantities are the logits ``s_ij`` and
-the log-weights ``log a_ij = s_ij - log Z_i`` on the visible cells.
+the log-weights ``log a_ij = s_ij - log Z_i`` on the cells (the visible keys).
+Everything is estimated from per-offset and per-query sums over observations
+(one observation per (sequence, i, j)), accumulated per *block* of sequences
+(block ``seq_id % K``; half ``block % 2``) so that cross-fitting and the
+jackknife intervals of :mod:`abspos_jax.analysis.intervals` need no second
+pass. Accumulators are ``[K, L, H, T]``; nothing of shape ``[T, T]`` is kept.
 
-Held-out leakage (per quantity X in {s, loga}): ``R^2_A - R^2_B`` of the
-two-way and offset-only fixed-effects models (``fixed_effects.heldout_r2``),
-fit on even sequence ids and scored on odd ones. Pooled per layer and overall
-as the mean over heads (over all (layer, head) pairs) of the per-head values.
+**Held-out leakage** of ``X`` in {s, loga}: ``R^2_A - R^2_B`` of the two-way
+and offset-only fixed-effects models (:mod:`fixed_effects`), fit on one half
+and scored on the other, both directions averaged. Pooled per layer and
+overall as the mean over heads.
 
-Exact split, fit on all sequences' cell means. ``E_i = mean log Z_i - log|V(i)|``
-and ``log|V(i)|`` depend on ``i`` only, so their centred query effects are
-``f - cell_mean(f)`` and, the fit being linear,
-``phi_loga = phi_s - phi_E - phi_logV`` (assembled this way; the direct fit of
-the log-weight means is reported as ``phi_identity_err``). Over a set of cells
-with uniform cell weights (query ``i`` counts ``|V(i)|`` times), each phi
-re-centred on that set:
+**Mask-only normaliser.** ``log Z^mask(n) = mean_{p in R(n)} [logsumexp_{d<n}
+s_{p,p-d} - s_{p,p}]`` over the reference queries ``R(n)`` whose nearest ``n``
+offsets are keys and exclude key 0 (``fixed_effects.FEDesign.ref_valid``;
+``p = T - 1`` where none qualifies). With ``n(i)`` the keys query ``i``
+normalises over (``FEDesign.key_count``, the cells but in ``sink_ablate``'s
+reference pass) split
+``log Z_i = log Z^mask(n(i)) + R_i`` and, with centred query effects ``phi``
+(all linear in the sums; the fit of a query-only function is exact)::
 
-* ``var_phi = Var(phi_loga)``, ``cov_mask = Cov(phi_loga, -phi_logV)``,
-  ``cov_res = Cov(phi_loga, phi_s - phi_E)`` (nats^2; ``cov_mask + cov_res =
-  var_phi`` exactly);
-* ``var_total = Var(log a)`` over all (sequence, cell) observations in the set;
-* ``leakage_share = var_phi / var_total``, ``comp_mask = cov_mask / var_total``,
-  ``comp_res = cov_res / var_total``, ``share_mask = cov_mask / var_phi``,
-  ``share_res = cov_res / var_phi`` (sum to 1; either may be negative).
+    phi_loga = phi_s - phi_zmask - phi_zres
+    mask part  m = -phi_zmask          residual part  r = phi_s - phi_zres
 
-Cell sets: all visible cells, and ``early_``: the cells of queries
-``1 <= i < early_max``. Pooled per layer (suffix ``_layer``) and overall
-(``_overall``) by averaging the variances and covariances over heads (over all
-(layer, head) pairs) before dividing.
+**Cross-fitted moments** over a set of queries ``S`` (all, and ``early``:
+``1 <= i < early_max``), cell-weighted (query ``i`` counts ``|C(i)|`` times),
+each effect re-centred on ``S``, effects ``^0`` from half 0 and ``^1`` from
+half 1: ``Cov(a, b) = (<a^0 b^1> + <a^1 b^0>) / 2``, so noise that is
+independent between the halves adds nothing on average.
+
+* ``var_phi = Cov(phi_loga, phi_loga)``, ``cov_mask = Cov(phi_loga, m)``,
+  ``cov_res = Cov(phi_loga, r)`` (nats^2; ``cov_mask + cov_res = var_phi``);
+  ``var_mask = Cov(m, m)``, ``var_res = Cov(r, r)``: each part's own size
+  (``var_res`` is 0 exactly when the residual stream carries no absolute
+  position, whatever the sign of its share);
+* ``var_total``: ``Var(log a)`` over all observations of ``S``;
+* ``leakage_share = var_phi / var_total``; ``comp_mask, comp_res = cov / var_total``;
+  ``share_mask = cov_mask / var_phi``, ``share_res = cov_res / var_phi`` (sum to 1).
+
+Pooled per layer (``_layer``) and overall (``_overall``) by averaging the
+moments over heads before taking ratios.
+
+Numerics: sums are of ``x - ref_d`` with ``ref`` an offset profile taken
+from the first sequence seen (both models absorb any offset function, so no
+fit or R^2 depends on it; it keeps sums of squares free of cancellation when
+the logits follow a steep offset profile). The cumulative ``logsumexp`` of
+the normaliser is exact while a query's logits span less than ~160 nats.
 """
 
 from __future__ import annotations
@@ -39,7 +59,8 @@ import jax.numpy as jnp
 
 from abspos_jax.analysis import fixed_effects as fe
 
-_BASE = ("var_phi", "var_total", "cov_mask", "cov_res")
+SUMS = ("os", "qs", "qq", "qr")  # per offset, per query, per query of y^2, per query of y * ref
+_BASE = ("var_phi", "var_total", "cov_mask", "cov_res", "var_mask", "var_res")
 _RATIOS = {"leakage_share": ("var_phi", "var_total"),
            "comp_mask": ("cov_mask", "var_total"),
            "comp_res": ("cov_res", "var_total"),
@@ -52,113 +73,211 @@ def _div(a: jax.Array, b: jax.Array) -> jax.Array:
   return jnp.where(b > 0, a / jnp.where(b > 0, b, 1.0), jnp.nan)
 
 
-def fraction_removed(before: jax.Array, after: jax.Array,
-                     atol: float = 1e-8) -> jax.Array:
-  """``1 - after / before`` for raw covariances (nats^2); NaN where ``|before| <= atol``."""
-  ok = jnp.abs(before) > atol
-  return jnp.where(ok, 1.0 - after / jnp.where(ok, before, 1.0), jnp.nan)
-
-
-def init(num_layers: int, num_heads: int, seq_len: int) -> dict:
+def init(num_layers: int, num_heads: int, seq_len: int, num_blocks: int) -> dict:
   """Zero accumulator.
 
-  Held-out stats (``fixed_effects.heldout_init``) of ``s`` and ``loga`` with
-  ``s1, s2 [L, H, 2, T, T]``, and ``log_z_sum [L, H, T]`` over all sequences.
+  For ``X`` in {s, loga}: ``X = {os, qs, qq, qr: [K, L, H, T], ref: [L, H, T]}``;
+  ``lz [K, L, H, T]`` (sums of ``log Z_i``), ``zm [K, L, H, T]`` (sums over
+  sequences and references of the normaliser's terms, index ``n - 1``),
+  ``n [K]`` sequences per block.
   """
-  shape = (num_layers, num_heads, seq_len, seq_len)
-  return dict(s=fe.heldout_init(shape), loga=fe.heldout_init(shape),
-              log_z_sum=jnp.zeros(shape[:-1], jnp.float32))
+  zeros = lambda *s: jnp.zeros(s, jnp.float32)  # noqa: E731
+  k, shape = num_blocks, (num_layers, num_heads, seq_len)
+  quantity = lambda: {**{name: zeros(k, *shape) for name in SUMS}, "ref": zeros(*shape)}  # noqa: E731
+  return dict(s=quantity(), loga=quantity(), lz=zeros(k, *shape), zm=zeros(k, *shape), n=zeros(k))
+
+
+def _heads(x: jax.Array, base_ndim: int) -> jax.Array:
+  """A design field with leading ``()``, ``[L]`` or ``[L, H]`` broadcastable against ``[L, H, ...]``."""
+  return x[:, None] if x.ndim == base_ndim + 1 else x
+
+
+def cumulative_logsumexp(x: jax.Array) -> jax.Array:
+  """``c_n = logsumexp_{d <= n} x_d`` along the last axis, ``x[..., 0]`` finite.
+
+  Two cumulative sums: shifted by ``x_0`` (exact unless a later term exceeds
+  ``x_0`` by 80 nats) and by the row maximum (exact unless every term so far
+  is 87 nats below it); each row position uses the one that is exact there.
+  """
+  e = x - x[..., :1]
+  big = jnp.cumsum(e > 80.0, axis=-1) > 0
+  by_first = x[..., :1] + jnp.log(jnp.cumsum(jnp.exp(jnp.minimum(e, 80.0)), axis=-1))
+  m = x.max(-1, keepdims=True)
+  by_max = m + jnp.log(jnp.maximum(jnp.cumsum(jnp.exp(x - m), axis=-1), 1e-38))
+  return jnp.where(big, by_max, by_first)
+
+
+def sequence_sums(design: fe.FEDesign, ref_s: jax.Array, ref_l: jax.Array, s: jax.Array,
+                  lz: jax.Array) -> tuple[dict, jax.Array]:
+  """One sequence's sums: ``s [L, H, T, T]`` logits (ignored off the cells), ``lz [L, H, T]``.
+
+  Returns ``(sums, zres)``: ``sums`` holds ``s_os, ..., loga_qr, lz, zm``
+  (each ``[L, H, T]``) and ``zres [L, H, T]`` is this sequence's
+  ``log Z_i - log Z^mask(n(i))``, the normaliser taken from its own reference
+  queries (the attention-feature probe reads it).
+  """
+  valid = _heads(design.skew_valid, 2)
+  sk = jnp.where(valid, fe.skew(design, s), -jnp.inf)  # [L, H, T(i), T(d)]
+  out = {}
+  for name, x, ref in (("s", sk, ref_s), ("loga", sk - lz[..., None], ref_l)):
+    r = ref[..., None, :]
+    y = jnp.where(valid, x - r, 0.0)
+    out.update({f"{name}_os": y.sum(-2), f"{name}_qs": y.sum(-1), f"{name}_qq": (y * y).sum(-1),
+                f"{name}_qr": (y * r).sum(-1)})
+  keys = jnp.where(_heads(design.key_valid, 2), fe.skew(design, s), -jnp.inf)
+  z = cumulative_logsumexp(keys) - keys[..., :1]
+  out["zm"] = jnp.where(_heads(design.ref_valid, 2), z, 0.0).sum(-2)
+  out["lz"] = lz
+  zmask = out["zm"] / jnp.maximum(_heads(design.ref_count, 1), 1.0)
+  return out, lz - _at_count(design, zmask)
+
+
+def _at_count(design: fe.FEDesign, per_n: jax.Array) -> jax.Array:
+  """``f(n(i))`` from ``f`` indexed by ``n - 1``: ``[..., T] -> [..., T]``."""
+  idx = (_heads(design.key_count, 1) - 1).astype(jnp.int32)
+  return jnp.take_along_axis(per_n, jnp.broadcast_to(idx, per_n.shape), -1)
+
+
+def offset_profile(design: fe.FEDesign, s: jax.Array, lz: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """The references: per-offset means of ``s`` and ``log a`` of one sequence, ``[L, H, T]`` each."""
+  valid = _heads(design.skew_valid, 2)
+  sk = fe.skew(design, s)
+  count = jnp.maximum(_heads(design.offset_count, 1), 1.0)
+  return (jnp.where(valid, sk, 0.0).sum(-2) / count,
+          jnp.where(valid, sk - lz[..., None], 0.0).sum(-2) / count)
 
 
 def update(acc: dict, logits: jax.Array, log_z: jax.Array, seq_ids: jax.Array,
-           visible: jax.Array) -> dict:
-  """Adds a batch.
+           design: fe.FEDesign) -> tuple[dict, jax.Array]:
+  """Adds a batch; returns ``(acc, zres [B, L, H, T])`` (see :func:`sequence_sums`).
 
   Args:
     acc: from ``init``.
-    logits: ``[B, L, H, T, T]``; entries off ``visible`` are ignored (may be -inf).
-    log_z: ``[B, L, H, T]``, ``logsumexp`` of the visible logits of each query.
-    seq_ids: int ``[B]``; even ids fit, odd ids score the held-out R^2.
-    visible: bool ``[T, T]`` (all layers) or ``[L, T, T]``.
+    logits: ``[B, L, H, T, T]``; entries off the cells are ignored (may be -inf).
+    log_z: ``[B, L, H, T]``, the model's ``logsumexp`` over each query's visible keys.
+    seq_ids: int ``[B]``; sequence ``b`` goes to block ``seq_ids[b] % K``.
+    design: ``fixed_effects.make_design(cells)`` with cells ``[T, T]``,
+      ``[L, T, T]`` or ``[L, H, T, T]``.
   """
-  vis = fe.layer_mask(visible)
-  loga = jnp.where(vis, logits - log_z[..., None], 0.0)
-  return dict(s=fe.heldout_update(acc["s"], logits, vis, seq_ids),
-              loga=fe.heldout_update(acc["loga"], loga, vis, seq_ids),
-              log_z_sum=acc["log_z_sum"] + log_z.astype(jnp.float32).sum(0))
+  log_z = log_z.astype(jnp.float32)
+  num_blocks = acc["n"].shape[0]
+  first = jax.lax.cond(acc["n"].sum() > 0, lambda: (acc["s"]["ref"], acc["loga"]["ref"]),
+                       lambda: offset_profile(design, logits[0], log_z[0]))
+  # One sequence at a time, so that each step's [L, H, T, T] stays in cache.
+  sums, zres = jax.lax.map(lambda x: sequence_sums(design, *first, *x), (logits, log_z))
+  onehot = jax.nn.one_hot(seq_ids % num_blocks, num_blocks, dtype=jnp.float32)
+  add = lambda a, x: a + jnp.einsum("bk,b...->k...", onehot, x, precision=fe.HIGHEST)  # noqa: E731
+  out = {name: {**{k: add(acc[name][k], sums[f"{name}_{k}"]) for k in SUMS}, "ref": ref}
+         for name, ref in (("s", first[0]), ("loga", first[1]))}
+  out.update(lz=add(acc["lz"], sums["lz"]), zm=add(acc["zm"], sums["zm"]), n=acc["n"] + onehot.sum(0))
+  return out, zres
 
 
-def _moments(design: fe.FEDesign, acc_loga: dict, phi_loga: jax.Array,
-             mask_part: jax.Array, res_part: jax.Array,
-             queries: jax.Array) -> dict[str, jax.Array]:
-  """``_BASE`` moments ``[H]`` over the cells of the queries in ``queries [T]``."""
-  w = design.query_count * queries
-  total_w = w.sum()
-
-  def centre(f: jax.Array) -> jax.Array:
-    return f - (w * f).sum(-1, keepdims=True) / jnp.maximum(total_w, 1.0)
-
-  def mean(f: jax.Array) -> jax.Array:
-    return jnp.where(total_w > 0, (w * f).sum(-1) / jnp.maximum(total_w, 1.0), jnp.nan)
-
-  a = centre(phi_loga)
-  n = acc_loga["n"].sum()
-  cells = design.visible & queries[:, None]
-  tss = fe.total_sum_squares(acc_loga["s1"].sum(-3), acc_loga["s2"].sum(-3), n,
-                             acc_loga["ref"], cells)
-  return dict(var_phi=mean(a * a), cov_mask=mean(a * centre(mask_part)),
-              cov_res=mean(a * centre(res_part)),
-              var_total=tss / jnp.where(total_w > 0, n * total_w, jnp.nan))
+def _half_weights(keep: jax.Array) -> jax.Array:
+  """``[2, K]``: the kept blocks of half 0 (even blocks) and half 1 (odd blocks)."""
+  parity = jnp.arange(keep.shape[0]) % 2
+  return jnp.stack([keep * (parity == 0), keep * (parity == 1)])
 
 
-def _layer(acc: dict, design: fe.FEDesign, early_max: int) -> dict[str, jax.Array]:
-  """Everything of one layer: ``acc`` leaves ``[H, ...]``, one mask."""
+def _sum_x(design: fe.FEDesign, sums: dict, ref: jax.Array, n: jax.Array, queries: jax.Array):
+  """``(count, sum x, sum x^2)`` over the observations of ``queries [T]`` (one head) from ref-centred sums."""
+  sv = design.skew_valid.astype(jnp.float32)
+  r1, r2 = sv @ ref, sv @ (ref * ref)  # per query: sum of ref and ref^2 over its cells
+  q = queries.astype(jnp.float32)
+  count = n * (design.query_count * q).sum()
+  total = (q * (sums["qs"] + n * r1)).sum()
+  squares = (q * (sums["qq"] + 2.0 * sums["qr"] + n * r2)).sum()
+  return count, total, squares
+
+
+def _head(acc: dict, design: fe.FEDesign, keep: jax.Array, early_max: int) -> dict[str, jax.Array]:
+  """Everything of one head: ``acc`` leaves ``[K, T]`` (refs ``[T]``), one mask."""
+  halves = _half_weights(keep)  # [2, K]
+  w = jnp.concatenate([halves, keep[None]])  # half 0, half 1, all
+  n = w @ acc["n"]  # [3]
+  tot = lambda x: w @ x  # noqa: E731  [K, T] -> [3, T]
   out = {}
+  coefs = {}
   for name in ("s", "loga"):
-    r2 = fe.heldout_r2(design, acc[name])
-    out[f"r2_two_way_{name}"] = r2["two_way"]
-    out[f"r2_offset_{name}"] = r2["offset"]
-    out[f"leakage_{name}"] = r2["two_way"] - r2["offset"]
-  n = jnp.maximum(acc["s"]["n"].sum(), 1.0)
-  log_v = jnp.log(design.query_count)
-  phi_s = fe.fit_two_way(design, fe.pooled_cell_means(acc["s"]))["phi"]
-  phi_e = fe.query_function_effect(design, acc["log_z_sum"] / n - log_v)
-  phi_logv = fe.query_function_effect(design, log_v)
-  phi_loga = phi_s - phi_e - phi_logv
-  direct = fe.fit_two_way(design, fe.pooled_cell_means(acc["loga"]))["phi"]
-  out.update(phi_s=phi_s, phi_E=phi_e, phi_logV=phi_logv, phi_loga=phi_loga,
-             phi_identity_err=jnp.abs(direct - phi_loga).max(-1))
-  q = jnp.arange(log_v.shape[-1])
-  for prefix, queries in (("", jnp.ones_like(q, bool)),
-                          ("early_", (q >= 1) & (q < early_max))):
-    m = _moments(design, acc["loga"], phi_loga, -phi_logv, phi_s - phi_e, queries)
-    out.update({prefix + k: v for k, v in m.items()})
+    sums = {k: tot(acc[name][k]) for k in SUMS}
+    means = lambda k: sums[k] / jnp.maximum(n, 1.0)[:, None]  # noqa: E731
+    coef_a = fe.fit_two_way(design, means("os"), means("qs"))  # [3, 2T]
+    coef_b = fe.fit_offset_only(design, means("os"))
+    coefs[name] = coef_a
+    everything = jnp.ones_like(design.query_count, bool)
+    r2 = {"two_way": [], "offset": []}
+    for fit, test in ((0, 1), (1, 0)):
+      count, total, squares = _sum_x(design, {k: v[test] for k, v in sums.items()}, acc[name]["ref"], n[test],
+                                     everything)
+      sst = squares - total * total / jnp.maximum(count, 1.0)
+      ok = (n[fit] > 0) & (n[test] > 0) & (sst > 0)
+      for model, coef in (("two_way", coef_a), ("offset", coef_b)):
+        err = fe.sse(design, coef[fit], sums["os"][test], sums["qs"][test], sums["qq"][test].sum(), n[test])
+        r2[model].append(jnp.where(ok, 1.0 - err / jnp.where(ok, sst, 1.0), jnp.nan))
+    for model in r2:
+      out[f"r2_{model}_{name}"] = (r2[model][0] + r2[model][1]) / 2
+    out[f"leakage_{name}"] = out[f"r2_two_way_{name}"] - out[f"r2_offset_{name}"]
+
+  # Effects per half (0, 1) and from all kept sequences (2).
+  phi_s = fe.query_effect(design, coefs["s"])
+  lz = tot(acc["lz"]) / jnp.maximum(n, 1.0)[:, None]
+  zm = tot(acc["zm"]) / jnp.maximum(n[:, None] * design.ref_count, 1.0)
+  zmask = jnp.take(zm, (design.key_count - 1).astype(jnp.int32), axis=-1)
+  phi_zmask = fe.query_function_effect(design, zmask)
+  phi_zres = fe.query_function_effect(design, lz - zmask)
+  phi_loga = phi_s - phi_zmask - phi_zres
+  mask_part, res_part = -phi_zmask, phi_s - phi_zres
+  out.update(phi_s=phi_s[2], phi_zmask=phi_zmask[2], phi_zres=phi_zres[2], phi_loga=phi_loga[2], zmask=zm[2],
+             phi_identity_err=jnp.abs(fe.query_effect(design, coefs["loga"][2]) - phi_loga[2]).max())
+  q = jnp.arange(design.query_count.shape[-1])
+  loga_sums = {k: tot(acc["loga"][k])[2] for k in SUMS}
+  for prefix, queries in (("", jnp.ones_like(q, bool)), ("early_", (q >= 1) & (q < early_max))):
+    wq = design.query_count * queries
+    total_w = jnp.maximum(wq.sum(), 1.0)
+    centre = lambda f: f - (wq * f).sum(-1, keepdims=True) / total_w  # noqa: E731
+
+    def cov(a: jax.Array, b: jax.Array) -> jax.Array:
+      a, b = centre(a), centre(b)
+      cross = ((wq * a[0] * b[1]).sum() + (wq * a[1] * b[0]).sum()) / (2.0 * total_w)
+      return jnp.where((wq.sum() > 0) & (n[0] > 0) & (n[1] > 0), cross, jnp.nan)
+
+    count, total, squares = _sum_x(design, loga_sums, acc["loga"]["ref"], n[2], queries)
+    var_total = _div(squares - total * total / jnp.maximum(count, 1.0), count)
+    out.update({prefix + "var_phi": cov(phi_loga, phi_loga), prefix + "cov_mask": cov(phi_loga, mask_part),
+                prefix + "cov_res": cov(phi_loga, res_part), prefix + "var_mask": cov(mask_part, mask_part),
+                prefix + "var_res": cov(res_part, res_part), prefix + "var_total": var_total})
   return out
 
 
-@functools.partial(jax.jit, static_argnames="early_max")
-def finalize(acc: dict, design: fe.FEDesign, early_max: int = 16) -> dict[str, jax.Array]:
-  """Leakage and component statistics.
+def design_axes(design: fe.FEDesign) -> tuple[fe.FEDesign, fe.FEDesign]:
+  """``vmap`` in_axes of a design over layers and over heads (``0`` where it has that axis, else None)."""
+  lead = design.skew_valid.ndim - 2
+  per = lambda has: fe.FEDesign(*[None if name == "diff_index" or not has else 0  # noqa: E731
+                                  for name in fe.FEDesign._fields])
+  return per(lead >= 1), per(lead >= 2)
 
-  Args:
-    acc: from ``update``.
-    design: ``fixed_effects.make_design(visible)``, one mask ``[T, T]`` for all
-      layers or one per layer ``[L, T, T]``.
-    early_max: the early cells are those of queries ``1 <= i < early_max``.
+
+def finalize(acc: dict, design: fe.FEDesign, keep: jax.Array | None = None,
+             early_max: int = 16) -> dict[str, jax.Array]:
+  """Leakage and component statistics of the kept blocks (jittable; ``keep [K]``, default all).
 
   Returns (``X`` in {s, loga}; ``P`` in {"", "early_"}; ``Q`` any of
-  ``var_phi, var_total, cov_mask, cov_res, leakage_share, comp_mask, comp_res,
+  ``var_phi, var_total, cov_mask, cov_res, var_mask, var_res, leakage_share, comp_mask, comp_res,
   share_mask, share_res``):
     ``r2_two_way_X, r2_offset_X, leakage_X [L, H]``, ``leakage_X_layer [L]``,
-    ``leakage_X_overall []``; ``phi_s, phi_E, phi_loga [L, H, T]``,
-    ``phi_logV [L, T]``, ``phi_identity_err [L, H]``; ``PQ [L, H]``,
-    ``PQ_layer [L]``, ``PQ_overall []``.
+    ``leakage_X_overall []``; ``phi_s, phi_zmask, phi_zres, phi_loga [L, H, T]``
+    (from all kept sequences), ``zmask [L, H, T]`` (``log Z^mask(n)`` at index
+    ``n - 1``), ``phi_identity_err [L, H]``; ``PQ [L, H]``, ``PQ_layer [L]``,
+    ``PQ_overall []``.
   """
-  design_axis = 0 if design.visible.ndim == 3 else None
-  out = jax.vmap(functools.partial(_layer, early_max=early_max),
-                 in_axes=(dict(s=dict(s1=0, s2=0, n=None, ref=0),
-                               loga=dict(s1=0, s2=0, n=None, ref=0),
-                               log_z_sum=0), design_axis))(acc, design)
+  if keep is None:
+    keep = jnp.ones_like(acc["n"])
+  # acc leaves [K, L, H, T] (refs [L, H, T]): map layers, then heads, down to [K, T] (refs [T]).
+  quantity = {**{k: 1 for k in SUMS}, "ref": 0}
+  acc_axes = dict(s=quantity, loga=quantity, lz=1, zm=1, n=None)
+  layer_axes, head_axes = design_axes(design)
+  per_head = jax.vmap(functools.partial(_head, early_max=early_max), in_axes=(acc_axes, head_axes, None))
+  out = jax.vmap(per_head, in_axes=(acc_axes, layer_axes, None))(acc, design, keep)
   for name in ("s", "loga"):
     out[f"leakage_{name}_layer"] = out[f"leakage_{name}"].mean(-1)
     out[f"leakage_{name}_overall"] = out[f"leakage_{name}"].mean()

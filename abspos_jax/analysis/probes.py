@@ -6,24 +6,24 @@ stream ``h_i^l`` (``p = D``, ``L`` = number of states, e.g. ``L+1``) or any
 per-query attention features built by the driver (e.g.
 ``denominators.query_statistics`` of every head).
 
-Per half (``seq_id % 2``: 0 fits, 1 scores) and layer the accumulator holds the
-augmented Gram matrix ``A^T A`` of ``A = [F - ref, 1]`` (its last row and
-column give ``n`` and the feature sums), ``A^T y`` and ``y^T y``. ``ref`` is the
-first batch's mean feature per layer and ``y`` is centred by the constant mean
-of ``log(1 + i)`` over the included positions; both keep the float32 sums free
-of cancellation and change no result.
+Per block of sequences (``seq_id % K``, as in :mod:`leakage`) and layer the
+accumulator holds the augmented Gram matrix ``A^T A`` of ``A = [F - ref, 1]``
+(its last row and column give ``n`` and the feature sums), ``A^T y`` and
+``y^T y``. ``ref`` is the first batch's mean feature per layer and ``y`` is
+centred by the constant mean of ``log(1 + i)`` over the included positions;
+both keep the float32 sums free of cancellation and change no result.
 
-Fit: ``theta = (A^T A + Lambda)^{-1} A^T y`` with ``Lambda = diag(lambda, ..., lambda, 0)``
-(intercept unpenalised), ``lambda = ridge * trace(S) / p`` where ``S`` is the
-fit half's feature scatter about its own mean (so lambda does not depend on
-``ref``). Held-out ``R^2 = 1 - SSE / SST`` on the other half,
+Fit on one half (even or odd blocks): ``theta = (A^T A + Lambda)^{-1} A^T y``
+with ``Lambda = diag(lambda, ..., lambda, 0)`` (intercept unpenalised),
+``lambda = ridge * trace(S) / p`` where ``S`` is the fit half's feature
+scatter about its own mean (so lambda does not depend on ``ref``; ``1e20``,
+which zeroes the weights, where the scatter is below ``1e-10`` per row: constant
+features up to float rounding). Held-out ``R^2 = 1 - SSE / SST`` on the other half,
 ``SSE = theta^T G theta - 2 theta^T b + y^T y`` from that half's stats and
-``SST`` about that half's mean of ``y``.
+``SST`` about that half's mean of ``y``; cross-fitted: both directions, averaged.
 """
 
 from __future__ import annotations
-
-import functools
 
 import jax
 import jax.numpy as jnp
@@ -31,20 +31,20 @@ import jax.numpy as jnp
 from abspos_jax.analysis.fixed_effects import HIGHEST
 
 
-def init(num_layers: int, dim: int) -> dict:
+def init(num_layers: int, dim: int, num_blocks: int) -> dict:
   """Zero accumulator for ``L`` feature sets of dimension ``p = dim``.
 
-  ``gram [L, 2, p+1, p+1]``, ``xty [L, 2, p+1]``, ``yty [L, 2]``, ``ref [L, p]``.
+  ``gram [L, K, p+1, p+1]``, ``xty [L, K, p+1]``, ``yty [L, K]``, ``ref [L, p]``.
   """
-  return dict(gram=jnp.zeros((num_layers, 2, dim + 1, dim + 1), jnp.float32),
-              xty=jnp.zeros((num_layers, 2, dim + 1), jnp.float32),
-              yty=jnp.zeros((num_layers, 2), jnp.float32),
+  return dict(gram=jnp.zeros((num_layers, num_blocks, dim + 1, dim + 1), jnp.float32),
+              xty=jnp.zeros((num_layers, num_blocks, dim + 1), jnp.float32),
+              yty=jnp.zeros((num_layers, num_blocks), jnp.float32),
               ref=jnp.zeros((num_layers, dim), jnp.float32))
 
 
 def update(acc: dict, features: jax.Array, seq_ids: jax.Array,
            min_position: int = 1) -> dict:
-  """Adds a batch: ``features [B, L, T, p]``, ``seq_ids`` int ``[B]``.
+  """Adds a batch: ``features [B, L, T, p]``, ``seq_ids`` int ``[B]`` (block ``seq_id % K``).
 
   Rows are the positions ``i >= min_position`` (static under ``jit``).
   """
@@ -54,10 +54,10 @@ def update(acc: dict, features: jax.Array, seq_ids: jax.Array,
   seen = acc["gram"][:, :, -1, -1].sum() > 0
   ref = jnp.where(seen, acc["ref"], f.mean((0, 2)))
   a = jnp.concatenate([f - ref[:, None, :], jnp.ones(f.shape[:-1] + (1,), f.dtype)], -1)
-  # Per-sequence Gram matrices [B, L, p+1, p+1], then per-half sums as a contraction with the
-  # [B, 2] half indicator: one Gram's FLOPs, against two full-batch Grams of zero-masked halves
-  # before, and 3-4x faster on CPU at the residual-stream sizes (docs/benchmarks.md).
-  onehot = jax.nn.one_hot(seq_ids % 2, 2, dtype=jnp.float32)
+  # Per-sequence Gram matrices [B, L, p+1, p+1], then per-block sums as a contraction with the
+  # [B, K] block indicator: one Gram's FLOPs (3-4x faster on CPU than masked full-batch Grams).
+  num_blocks = acc["yty"].shape[1]
+  onehot = jax.nn.one_hot(seq_ids % num_blocks, num_blocks, dtype=jnp.float32)
   per_seq = jnp.einsum("bltp,bltq->blpq", a, a, precision=HIGHEST)
   gram = jnp.einsum("bk,blpq->lkpq", onehot, per_seq, precision=HIGHEST)
   xty = jnp.einsum("bk,bltp,t->lkp", onehot, a, y, precision=HIGHEST)
@@ -69,35 +69,46 @@ def update(acc: dict, features: jax.Array, seq_ids: jax.Array,
       ref=ref)
 
 
-@functools.partial(jax.jit, static_argnames="ridge")
-def finalize(acc: dict, ridge: float = 1e-2) -> dict[str, jax.Array]:
-  """Fits on half 0, scores half 1.
+def finalize(acc: dict, keep: jax.Array | None = None, ridge: float = 1e-2) -> dict[str, jax.Array]:
+  """Cross-fitted held-out R^2 of the kept blocks (jittable; ``keep [K]``, default all).
 
-  Returns ``r2 [L]`` (held out), ``r2_fit [L]`` (in sample), ``ridge_lambda [L]``,
-  ``n_fit [L]``, ``n_test [L]`` (counts of (sequence, position) rows).
+  Returns ``r2 [L]`` (held out, both directions averaged), ``r2_fit [L]``
+  (in sample, both halves averaged), ``ridge_lambda [L]`` (half 0's),
+  ``n_fit [L]``, ``n_test [L]`` (rows of half 0 and half 1).
   """
-  g_fit, g_test = acc["gram"][:, 0], acc["gram"][:, 1]
-  b_fit, b_test = acc["xty"][:, 0], acc["xty"][:, 1]
-  p = g_fit.shape[-1] - 1
-  n_fit = g_fit[:, -1, -1]
-  mean = g_fit[:, :p, -1] / jnp.maximum(n_fit, 1.0)[:, None]
-  trace = jnp.trace(g_fit[:, :p, :p], axis1=-2, axis2=-1) - n_fit * (mean * mean).sum(-1)
-  lam = ridge * trace / p
-  penalty = jnp.concatenate([jnp.ones((p,)), jnp.zeros((1,))])
-  system = g_fit + lam[:, None, None] * jnp.diag(penalty)
-  # Jacobi scaling: residual streams mix feature scales over orders of magnitude.
-  d = jnp.sqrt(jnp.diagonal(system, axis1=-2, axis2=-1))
-  d = jnp.where(d > 0, d, 1.0)
-  theta = jnp.linalg.solve(system / (d[:, :, None] * d[:, None, :]),
-                           (b_fit / d)[..., None])[..., 0] / d
+  num_blocks = acc["yty"].shape[1]
+  keep = jnp.ones((num_blocks,), jnp.float32) if keep is None else keep
+  parity = jnp.arange(num_blocks) % 2
+  halves = jnp.stack([keep * (parity == 0), keep * (parity == 1)])  # [2, K]
+  g = jnp.einsum("hk,lkpq->hlpq", halves, acc["gram"], precision=HIGHEST)
+  b = jnp.einsum("hk,lkp->hlp", halves, acc["xty"], precision=HIGHEST)
+  yty = jnp.einsum("hk,lk->hl", halves, acc["yty"], precision=HIGHEST)
+  p = g.shape[-1] - 1
 
-  def r2(g: jax.Array, b: jax.Array, yty: jax.Array) -> jax.Array:
+  def fit(g_fit: jax.Array, b_fit: jax.Array) -> tuple[jax.Array, jax.Array]:
+    n_fit = g_fit[:, -1, -1]
+    mean = g_fit[:, :p, -1] / jnp.maximum(n_fit, 1.0)[:, None]
+    trace = jnp.trace(g_fit[:, :p, :p], axis1=-2, axis2=-1) - n_fit * (mean * mean).sum(-1)
+    # Features whose scatter is at float-rounding level (< 1e-10 per row) are constant: a huge lambda
+    # zeroes their weights, so that a probe cannot read position from rounding patterns.
+    lam = jnp.where(trace > 1e-10 * n_fit, ridge * trace / p, 1e20)
+    penalty = jnp.concatenate([jnp.ones((p,)), jnp.zeros((1,))])
+    system = g_fit + lam[:, None, None] * jnp.diag(penalty)
+    # Jacobi scaling: residual streams mix feature scales over orders of magnitude.
+    d = jnp.sqrt(jnp.diagonal(system, axis1=-2, axis2=-1))
+    d = jnp.where(d > 0, d, 1.0)
+    theta = jnp.linalg.solve(system / (d[:, :, None] * d[:, None, :]), (b_fit / d)[..., None])[..., 0] / d
+    return theta, lam
+
+  def r2(theta: jax.Array, g: jax.Array, b: jax.Array, yty: jax.Array) -> jax.Array:
     n = g[:, -1, -1]
     sse = (jnp.einsum("lp,lpq,lq->l", theta, g, theta, precision=HIGHEST)
            - 2.0 * (theta * b).sum(-1) + yty)
     sst = yty - b[:, -1] ** 2 / jnp.maximum(n, 1.0)
     return jnp.where(sst > 0, 1.0 - sse / jnp.where(sst > 0, sst, 1.0), jnp.nan)
 
-  return dict(r2=r2(g_test, b_test, acc["yty"][:, 1]),
-              r2_fit=r2(g_fit, b_fit, acc["yty"][:, 0]),
-              ridge_lambda=lam, n_fit=n_fit, n_test=g_test[:, -1, -1])
+  theta0, lam0 = fit(g[0], b[0])
+  theta1, _ = fit(g[1], b[1])
+  return dict(r2=(r2(theta0, g[1], b[1], yty[1]) + r2(theta1, g[0], b[0], yty[0])) / 2,
+              r2_fit=(r2(theta0, g[0], b[0], yty[0]) + r2(theta1, g[1], b[1], yty[1])) / 2,
+              ridge_lambda=lam0, n_fit=g[0, :, -1, -1], n_test=g[1, :, -1, -1])

@@ -10,6 +10,7 @@ into results.
 """
 
 import dataclasses
+import functools
 from collections.abc import Mapping
 from typing import Any
 
@@ -19,7 +20,8 @@ import numpy as np
 from flax import nnx
 
 from abspos_jax import masks
-from abspos_jax.analysis import denominators, fixed_effects, interventions, leakage, position0, probes, sinks
+from abspos_jax.analysis import (denominators, fixed_effects, intervals, interventions, leakage, position0, probes,
+                                 sinks)
 from abspos_jax.analysis.analysis_pass import (Statistic, forward, init_accumulators, make_baseline_step,
                                                make_intervention_step)
 from abspos_jax.analysis.fixed_effects import FEDesign
@@ -38,7 +40,18 @@ class AnalysisOptions:
   interventions: bool = True
   bos_replace_token: int = 10  # the "another token" of bos_replace: newline
   closedness_sequences: int = 4  # per batch, how many sequences the closedness check reruns
+  num_blocks: int = 16  # sequence blocks (seq_id % num_blocks) of the cross-fit halves and the jackknife
   progress: bool = True
+
+  def validate(self) -> None:
+    """Raises ``ValueError`` naming the field for a value the estimators cannot use."""
+    if self.batch_size < 1:
+      raise ValueError(f"batch_size (AnalysisOptions.batch_size) must be >= 1, got {self.batch_size}")
+    if self.num_blocks < 2 or self.num_blocks % 2:
+      raise ValueError(f"num_blocks (AnalysisOptions.num_blocks) must be an even number >= 2 (half = block % 2), "
+                       f"got {self.num_blocks}")
+    if self.early_max < 2:
+      raise ValueError(f"early_max (AnalysisOptions.early_max) must be >= 2, got {self.early_max}")
 
 
 @dataclasses.dataclass
@@ -89,20 +102,59 @@ def fingerprint_groups(sequences: Mapping[str, np.ndarray], vocab_size: int) -> 
 
 
 def finalize_core(acc: dict, visible: jax.Array, design: FEDesign,
-                  options: AnalysisOptions = AnalysisOptions()) -> dict[str, dict[str, jax.Array]]:
-  """Results of the core accumulators (``analysis_pass.init_core``); jittable.
+                  options: AnalysisOptions = AnalysisOptions(), keep: jax.Array | None = None
+                  ) -> dict[str, dict[str, jax.Array]]:
+  """Results of the core accumulators (``analysis_pass.init_core``) over the kept blocks; jittable.
 
   Returns ``denominators`` (``denominators.finalize``), ``leakage``
   (``leakage.finalize`` with ``options.early_max``), ``position0``
-  (``position0.finalize``) and ``sinks`` (``sinks.sink_statistics`` of the mean
-  sink mass with ``options.sink_min_query`` and ``options.sink_epsilon``).
+  (``position0.finalize``) and ``sinks`` (``sinks.sink_statistics`` with
+  ``options.sink_min_query`` and ``options.sink_epsilon``).
   """
-  den = denominators.finalize(acc["denominators"], visible)
+  den = denominators.finalize(acc["denominators"], visible, keep)
   return {"denominators": den,
-          "leakage": leakage.finalize(acc["leakage"], design, early_max=options.early_max),
+          "leakage": leakage.finalize(acc["leakage"], design, keep, early_max=options.early_max),
           "position0": position0.finalize(acc["position0"]),
-          "sinks": sinks.sink_statistics(den["sink_mass"], min_query=options.sink_min_query,
+          "sinks": sinks.sink_statistics(den["sink_mass_half"], visible, min_query=options.sink_min_query,
                                          epsilon=options.sink_epsilon)}
+
+
+# The numbers that carry an interval: (group, key) of finalize_core's results, plus the probes.
+_LEAKAGE_CI = tuple(f"{p}{k}{scope}" for p in ("", "early_")
+                    for k in ("share_mask", "share_res", "leakage_share", "var_phi", "var_mask", "var_res",
+                              "cov_mask", "cov_res")
+                    for scope in ("", "_layer", "_overall")) + tuple(
+                        f"leakage_{x}{scope}" for x in ("s", "loga") for scope in ("", "_layer", "_overall"))
+_SINKS_CI = ("sink_score", "sink_score_max", "sink_score_max_layer")
+_PROBES = ("probe_resid", "probe_attn", "probe_attn_raw")
+
+
+@functools.partial(jax.jit, static_argnames=("options",))
+def _jackknife_core(acc: dict, visible: jax.Array, design: FEDesign, options: AnalysisOptions) -> dict:
+  """:func:`intervals.evaluate` of every number in ``_LEAKAGE_CI`` and ``_SINKS_CI``."""
+  def estimates(keep):
+    fin = finalize_core(acc, visible, design, options, keep)
+    return {**{f"leakage.{k}": fin["leakage"][k] for k in _LEAKAGE_CI},
+            **{f"sinks.{k}": fin["sinks"][k] for k in _SINKS_CI}}
+
+  return intervals.evaluate(estimates, options.num_blocks)
+
+
+@functools.partial(jax.jit, static_argnames=("ridge", "num_blocks"))
+def _jackknife_probe(acc: dict, ridge: float, num_blocks: int) -> jax.Array:
+  return intervals.evaluate(lambda keep: probes.finalize(acc, keep, ridge=ridge)["r2"], num_blocks)
+
+
+def _jackknife_baseline(acc: dict, visible: jax.Array, design: FEDesign, options: AnalysisOptions) -> dict:
+  """The core numbers' and the probes' leave-one-block-out values.
+
+  Separate programs: on the CPU backend one program holding both the
+  fixed-effects fits and the probes' batched solves deadlocked (jax 0.10, XLA CPU).
+  """
+  out = dict(_jackknife_core(acc, visible, design, options))
+  for name in _PROBES:
+    out[f"{name}.r2"] = _jackknife_probe(acc[name], options.probe_ridge, options.num_blocks)
+  return out
 
 
 def _tolist(x) -> Any:
@@ -113,30 +165,31 @@ def _tolist(x) -> Any:
   return [_tolist(v) for v in a]
 
 
-def _components(fin: dict) -> dict:
-  """``components`` of summary.json from ``leakage.finalize``."""
-  out = {}
-  for prefix, suffix in (("", ""), ("early_", "_early")):
-    out["causal_mask" + suffix] = _tolist(fin[prefix + "share_mask_layer"])
-    out["residual_stream" + suffix] = _tolist(fin[prefix + "share_res_layer"])
-    out["pooled" + suffix] = {"causal_mask": _tolist(fin[prefix + "share_mask_overall"]),
-                              "residual_stream": _tolist(fin[prefix + "share_res_overall"]),
-                              "leakage_share": _tolist(fin[prefix + "leakage_share_overall"])}
-    out["leakage_share" + suffix] = _tolist(fin[prefix + "leakage_share_layer"])
-    out["per_head" + suffix] = {"causal_mask": _tolist(fin[prefix + "share_mask"]),
-                                "residual_stream": _tolist(fin[prefix + "share_res"])}
-  return out
+def _ci(ci: dict, key: str) -> Any:
+  """``[lo, hi]`` (nested per element for arrays) of ``key`` in an ``intervals.summarize`` result."""
+  return _tolist(np.stack([ci["lo"][key], ci["hi"][key]], -1))
 
 
-def _removed(before: dict, after: dict) -> dict:
-  """Fraction of each component's covariance (nats^2) that an intervention removes."""
+def _components(ci: dict) -> dict:
+  """``components`` of summary.json: the v2 shares with their intervals (``*_ci``: ``[lo, hi]``)."""
   out = {}
+  v = lambda key: _tolist(ci["value"][f"leakage.{key}"])  # noqa: E731
   for prefix, suffix in (("", ""), ("early_", "_early")):
-    for comp, key in (("causal_mask", "cov_mask"), ("residual_stream", "cov_res")):
-      out[f"{comp}_removed{suffix}"] = _tolist(leakage.fraction_removed(before[f"{prefix}{key}_overall"],
-                                                                        after[f"{prefix}{key}_overall"]))
-      out[f"{comp}_removed{suffix}_per_layer"] = _tolist(leakage.fraction_removed(before[f"{prefix}{key}_layer"],
-                                                                                  after[f"{prefix}{key}_layer"]))
+    pooled, per_head = {}, {}
+    for comp, share, var in (("causal_mask", "share_mask", "var_mask"), ("residual_stream", "share_res", "var_res")):
+      out[comp + suffix] = v(f"{prefix}{share}_layer")
+      out[f"{comp}{suffix}_ci"] = _ci(ci, f"leakage.{prefix}{share}_layer")
+      pooled[comp] = v(f"{prefix}{share}_overall")
+      pooled[f"{comp}_ci"] = _ci(ci, f"leakage.{prefix}{share}_overall")
+      pooled[f"{comp}_var"] = v(f"{prefix}{var}_overall")
+      pooled[f"{comp}_var_ci"] = _ci(ci, f"leakage.{prefix}{var}_overall")
+      per_head[comp] = v(f"{prefix}{share}")
+      per_head[f"{comp}_ci"] = _ci(ci, f"leakage.{prefix}{share}")
+    pooled["leakage_share"] = v(f"{prefix}leakage_share_overall")
+    pooled["leakage_share_ci"] = _ci(ci, f"leakage.{prefix}leakage_share_overall")
+    out["pooled" + suffix] = pooled
+    out["per_head" + suffix] = per_head
+    out["leakage_share" + suffix] = v(f"{prefix}leakage_share_layer")
   return out
 
 
@@ -157,6 +210,7 @@ def analyze(model: Decoder, sequences: Mapping[str, np.ndarray], *, main: str = 
     options: see :class:`AnalysisOptions`.
   """
   statistics = dict(statistics or {})
+  options.validate()
   if main not in sequences:
     raise ValueError(f"sequences must hold the main policy {main!r}; got {sorted(sequences)}")
   for name, toks in sequences.items():
@@ -175,21 +229,26 @@ def analyze(model: Decoder, sequences: Mapping[str, np.ndarray], *, main: str = 
 
   num_groups, x0_groups = fingerprint_groups(sequences, spec.vocab_size)
   # Donating the accumulators lets XLA update them in place rather than copy them every batch.
-  baseline_step = jax.jit(make_baseline_step(graphdef, visible, statistics, jnp.asarray(x0_groups),
+  baseline_step = jax.jit(make_baseline_step(graphdef, visible, design, statistics, jnp.asarray(x0_groups),
                                              options.closedness_sequences), donate_argnums=1)
   finals = {}
   for policy, toks in sequences.items():
-    acc = init_accumulators(spec, seq_len, statistics, num_groups=num_groups)
+    acc = init_accumulators(spec, seq_len, statistics, options.num_blocks, num_groups=num_groups)
     acc = _sweep(lambda a, t, s: baseline_step(params, a, t, s), acc, toks, options, f"analysis[{policy}]")
     finals[policy] = {
-        "acc": acc, **finalize_core(acc, visible, design, options),
-        "probe_resid": probes.finalize(acc["probe_resid"], ridge=options.probe_ridge),
-        "probe_attn": probes.finalize(acc["probe_attn"], ridge=options.probe_ridge),
+        "acc": acc, **jax.jit(finalize_core, static_argnames="options")(acc, visible, design, options),
+        **{name: probes.finalize(acc[name], ridge=options.probe_ridge) for name in _PROBES},
     }
   m = finals[main]
+  ci = intervals.summarize(_jackknife_baseline(m["acc"], visible, design, options), m["acc"]["leakage"]["n"])
+  value = ci["value"]
   summary: dict = {
+      "estimators": "v2",
       "main_policy": main, "num_sequences": int(len(sequences[main])), "seq_len": int(seq_len),
       "position": spec.position, "num_layers": L, "num_heads": spec.num_heads,
+      "intervals": {"method": "delete-one-block jackknife over sequence blocks (seq_id % num_blocks), t quantile",
+                    "level": intervals.LEVEL, "num_blocks": options.num_blocks,
+                    "nonempty_blocks": int((np.asarray(m["acc"]["leakage"]["n"]) > 0).sum())},
       "loss": {p: float(f["acc"]["loss_sum"] / f["acc"]["loss_count"]) for p, f in finals.items()},
       "closedness_max_abs_diff": float(max(float(jnp.max(f["acc"]["closedness"])) for f in finals.values())),
       "closedness_per_layer": _tolist(m["acc"]["closedness"]),
@@ -200,22 +259,29 @@ def analyze(model: Decoder, sequences: Mapping[str, np.ndarray], *, main: str = 
           "entropy_mean_layer": _tolist(m["denominators"]["entropy"].mean((-1, -2))),
           "max_weight_mean_layer": _tolist(m["denominators"]["max_weight"].mean((-1, -2))),
       },
-      "leakage": {
-          "logits_layer": _tolist(m["leakage"]["leakage_s_layer"]),
-          "log_weights_layer": _tolist(m["leakage"]["leakage_loga_layer"]),
-          "logits_overall": _tolist(m["leakage"]["leakage_s_overall"]),
-          "log_weights_overall": _tolist(m["leakage"]["leakage_loga_overall"]),
-      },
-      "components": _components(m["leakage"]),
+      "leakage": {},
+      "components": _components(ci),
       "position0": {"norm": _tolist(m["position0"]["pos0_norm"]),
                     "norm_ratio": _tolist(m["position0"]["pos0_norm_ratio"]),
                     "cos_prev": _tolist(m["position0"]["pos0_cos_prev"])},
       "fingerprint": {},
       "sink_rate": _tolist(m["sinks"]["sink_rate"]),
-      "sink_score_max": _tolist(m["sinks"]["sink_score_max"]),
+      "sink_score_max": _tolist(value["sinks.sink_score_max"]),
+      "sink_score_max_ci": _ci(ci, "sinks.sink_score_max"),
+      "sink_score_max_layer": _tolist(value["sinks.sink_score_max_layer"]),
+      "sink_score_max_layer_ci": _ci(ci, "sinks.sink_score_max_layer"),
       "sink_heads": [[int(l), int(h)] for l, h in zip(*np.nonzero(np.asarray(m["sinks"]["sink_heads"])))],
-      "probes": {"residual_r2": _tolist(m["probe_resid"]["r2"]), "attention_r2": _tolist(m["probe_attn"]["r2"])},
+      "sink_selection": "heads chosen on the even sequence blocks (score > epsilon), scores measured on the odd ones",
+      "probes": {},
   }
+  for key, name in (("logits", "s"), ("log_weights", "loga")):
+    for scope in ("_layer", "_overall"):
+      summary["leakage"][key + scope] = _tolist(value[f"leakage.leakage_{name}{scope}"])
+      summary["leakage"][f"{key}{scope}_ci"] = _ci(ci, f"leakage.leakage_{name}{scope}")
+  for key, name in (("residual_r2", "probe_resid"), ("attention_r2", "probe_attn"),
+                    ("attention_raw_r2", "probe_attn_raw")):
+    summary["probes"][key] = _tolist(value[f"{name}.r2"])
+    summary["probes"][key + "_ci"] = _ci(ci, f"{name}.r2")
   for policy, key in (("prepend", "bos"), ("none", "no_bos")):
     if policy in finals:
       p0 = finals[policy]["position0"]
@@ -230,14 +296,21 @@ def analyze(model: Decoder, sequences: Mapping[str, np.ndarray], *, main: str = 
   for name in denominators.QUANTITIES:
     stats[name] = np.asarray(m["denominators"][name])
     stats[name + "_std"] = np.asarray(m["denominators"][name + "_std"])
-  for name in ("phi_s", "phi_E", "phi_loga", "phi_logV", "share_mask", "share_res", "early_share_mask",
-               "early_share_res", "leakage_s", "leakage_loga"):
+  for name in ("phi_s", "phi_zmask", "phi_zres", "phi_loga", "zmask"):
     stats[name] = np.asarray(m["leakage"][name])
+  for name in ("share_mask", "share_res", "early_share_mask", "early_share_res", "leakage_s", "leakage_loga"):
+    stats[name] = np.asarray(value[f"leakage.{name}"])
+    stats[name + "_lo"], stats[name + "_hi"] = np.asarray(ci["lo"][f"leakage.{name}"]), np.asarray(
+        ci["hi"][f"leakage.{name}"])
   for name in ("pos0_norm_ratio", "pos0_cos_prev", "fingerprint_spread"):
     stats[name] = np.asarray(m["position0"][name])
-  stats["sink_score"] = np.asarray(m["sinks"]["sink_score"])
-  stats["probe_resid_r2"] = np.asarray(m["probe_resid"]["r2"])
-  stats["probe_attn_r2"] = np.asarray(m["probe_attn"]["r2"])
+  stats["sink_score"] = np.asarray(value["sinks.sink_score"])
+  stats["sink_score_lo"], stats["sink_score_hi"] = np.asarray(ci["lo"]["sinks.sink_score"]), np.asarray(
+      ci["hi"]["sinks.sink_score"])
+  stats["sink_score_select"] = np.asarray(m["sinks"]["sink_score_select"])
+  stats["probe_resid_r2"] = np.asarray(value["probe_resid.r2"])
+  stats["probe_attn_r2"] = np.asarray(value["probe_attn.r2"])
+  stats["probe_attn_raw_r2"] = np.asarray(value["probe_attn_raw.r2"])
   other = [p for p in sequences if p != main]
   if other:
     stats["tokens_" + other[0]] = np.asarray(sequences[other[0]])
@@ -250,14 +323,66 @@ def analyze(model: Decoder, sequences: Mapping[str, np.ndarray], *, main: str = 
 
 
 def _sink_ablate_heads(sink: dict) -> tuple[np.ndarray, str]:
-  """The sink-reading heads, or, where there are none, the top-scoring head of each layer."""
+  """The sink-reading heads, or, where there are none, the top-scoring head of each layer (half-0 scores)."""
   heads = np.asarray(sink["sink_heads"])
   if heads.any():
-    return heads, "sink-reading heads (mean a_i0 over i >= min_query above epsilon)"
-  score = np.asarray(sink["sink_score"])
+    return heads, "sink-reading heads (half-0 mean a_i0 over the queries i >= min_query that see key 0 > epsilon)"
+  score = np.nan_to_num(np.asarray(sink["sink_score_select"]), nan=-np.inf)
   top = np.zeros_like(heads)
   top[np.arange(score.shape[0]), score.argmax(1)] = True
-  return top, "no sink-reading head: the highest-scoring head of each layer"
+  return top, "no sink-reading head: the highest-scoring head of each layer (half-0 scores)"
+
+
+REMOVAL_RTOL = 1e-5  # a component below this fraction of Var(phi_loga) counts as zero
+_COMPONENT_KEYS = {"causal_mask": "cov_mask", "residual_stream": "cov_res"}
+
+
+@functools.partial(jax.jit, static_argnames=("early_max", "num_blocks"))
+def _effect(before: dict, design_before: FEDesign, after: dict, design_after: FEDesign, early_max: int,
+            num_blocks: int) -> dict:
+  """Per leave-one-block-out: each component's covariance before, its change and the fraction removed."""
+  def estimates(keep):
+    b = leakage.finalize(before, design_before, keep, early_max=early_max)
+    a = leakage.finalize(after, design_after, keep, early_max=early_max)
+    out = {}
+    for prefix in ("", "early_"):
+      for key in _COMPONENT_KEYS.values():
+        for scope in ("_overall", "_layer"):
+          k = prefix + key + scope
+          out[k + ".before"] = b[k]
+          out[k + ".change"] = a[k] - b[k]
+          out[k + ".removed"] = 1.0 - a[k] / b[k]
+          out[k + ".scale"] = b[prefix + "var_phi" + scope]
+    return out
+
+  return intervals.evaluate(estimates, num_blocks)
+
+
+def _effect_entry(ci: dict) -> dict:
+  """An intervention's summary entry: changes (nats^2) with intervals, fractions only where clearly defined."""
+  out = {}
+  for prefix, suffix in (("", ""), ("early_", "_early")):
+    for comp, key in _COMPONENT_KEYS.items():
+      for scope, tail in (("_overall", ""), ("_layer", "_per_layer")):
+        k = prefix + key + scope
+        lo, hi = np.asarray(ci["lo"][k + ".before"]), np.asarray(ci["hi"][k + ".before"])
+        # Clearly non-zero: the interval excludes 0 and the value is above float error (a deterministic
+        # model has zero-width intervals around rounding noise).
+        clear = intervals.excludes_zero(lo, hi) & (np.abs(np.asarray(ci["value"][k + ".before"]))
+                                                   > REMOVAL_RTOL * np.abs(np.asarray(ci["value"][k + ".scale"])))
+        removed = np.where(clear, np.asarray(ci["value"][k + ".removed"]), np.nan)
+        out[f"{comp}_before{suffix}{tail}"] = _tolist(ci["value"][k + ".before"])
+        out[f"{comp}_before{suffix}{tail}_ci"] = _ci(ci, k + ".before")
+        out[f"{comp}_change{suffix}{tail}"] = _tolist(ci["value"][k + ".change"])
+        out[f"{comp}_change{suffix}{tail}_ci"] = _ci(ci, k + ".change")
+        out[f"{comp}_removed{suffix}{tail}"] = _tolist(removed)
+        out[f"{comp}_removed{suffix}{tail}_ci"] = _tolist(np.where(
+            clear[..., None], np.stack([ci["lo"][k + ".removed"], ci["hi"][k + ".removed"]], -1), np.nan))
+        if not np.all(clear):
+          out[f"{comp}_removed{suffix}{tail}_reason"] = (
+              "null where the component before is not clearly non-zero (its interval includes 0, or it is below "
+              f"{REMOVAL_RTOL:g} of Var(phi_loga))")
+  return out
 
 
 def _interventions(model, graphdef, params, sequences, main, visible, m, options) -> dict:
@@ -266,44 +391,53 @@ def _interventions(model, graphdef, params, sequences, main, visible, m, options
   # pos0_patch source: the other policy's next sequence (a different x_0), else main's next sequence.
   source = np.roll(sequences[other_policy[0]] if other_policy else toks, -1, axis=0)
   embed = model.embed[...]
+  L, H, T = model.spec.num_layers, model.spec.num_heads, toks.shape[1]
+  design = fixed_effects.make_design(visible)
+  heads, heads_rule = _sink_ablate_heads(m["sinks"])
+  cells = interventions.sink_cells(visible, heads)
+  sink_design = fixed_effects.make_design(cells)  # the ablated pass: its heads normalise over the cells
+  reference_design = fixed_effects.make_design(cells, keys=fixed_effects.layer_mask(visible))  # ... over key 0 too
 
   def pos0_source(mdl, tokens, src):
     return interventions.pos0_patch(jnp.moveaxis(forward(mdl, src)["resid"][:, :, 0], 1, 0))
 
-  specs = {f"bos_replace.{kind}": (lambda mdl, t, s, kind=kind: interventions.bos_replace(
-      embed, kind, token=options.bos_replace_token)) for kind in interventions.BOS_REPLACEMENTS}
-  specs["pos0_patch"] = pos0_source
-  heads, heads_rule = _sink_ablate_heads(m["sinks"])
-  reduced = interventions.without_sink_cells(visible)
-  design = fixed_effects.make_design(visible)
-  reduced_design = fixed_effects.make_design(reduced)
-  runs = {name: (fn, visible, design) for name, fn in specs.items()}
-  runs["sink_ablate.reference"] = (lambda mdl, t, s: {}, reduced, reduced_design)
-  runs["sink_ablate"] = (lambda mdl, t, s: interventions.sink_ablate(heads), reduced, reduced_design)
-  L, H, T = model.spec.num_layers, model.spec.num_heads, toks.shape[1]
-  results = {}
-  for name, (fn, vis, des) in runs.items():
-    step = jax.jit(make_intervention_step(graphdef, visible, vis, fn), donate_argnums=1)
-    acc = {"leakage": leakage.init(L, H, T), "denominators": denominators.init(L, H, T)}
-    acc = _sweep(lambda a, t, s, src: step(params, a, t, s, src), acc, toks, options, f"intervention[{name}]",
-                 source)
-    results[name] = (leakage.finalize(acc["leakage"], des, early_max=options.early_max),
-                     denominators.finalize(acc["denominators"], visible))
+  def sweep(name: str, edits_fn, cell_design: FEDesign) -> dict:
+    step = jax.jit(make_intervention_step(graphdef, visible, cell_design, edits_fn), donate_argnums=1)
+    acc = {"leakage": leakage.init(L, H, T, options.num_blocks),
+           "denominators": denominators.init(L, H, T, options.num_blocks)}
+    return _sweep(lambda a, t, s, src: step(params, a, t, s, src), acc, toks, options, f"intervention[{name}]",
+                  source)
+
+  def entry(before_acc: dict, before_design: FEDesign, after: dict, after_design: FEDesign) -> dict:
+    ci = intervals.summarize(_effect(before_acc, before_design, after["leakage"], after_design, options.early_max,
+                                     options.num_blocks), m["acc"]["leakage"]["n"])
+    out = _effect_entry(ci)
+    den = denominators.finalize(after["denominators"], visible)
+    use = np.asarray(sinks.scored_queries(visible, options.sink_min_query))
+    use = use if use.ndim == 1 else use[:, None, :]
+    mass = np.asarray(den["sink_mass"])
+    out["sink_mass_after"] = _tolist(((mass * use).sum(-1) / np.maximum(use.sum(-1), 1)).mean(-1))
+    return out
+
   out: dict = {"bos_replace": {}}
-  for name, (fin, den) in results.items():
-    if name == "sink_ablate.reference":
-      continue
-    before = results["sink_ablate.reference"][0] if name == "sink_ablate" else m["leakage"]
-    entry = _removed(before, fin)
-    entry["sink_mass_after"] = _tolist(den["sink_mass"][..., options.sink_min_query:].mean((-1, -2)))
-    if name.startswith("bos_replace."):
-      out["bos_replace"][name.split(".", 1)[1]] = entry
-    else:
-      out[name] = entry
-  out["sink_ablate"]["heads"] = [[int(l), int(h)] for l, h in zip(*np.nonzero(heads))]
-  out["sink_ablate"]["heads_rule"] = heads_rule
-  out["sink_ablate"]["cells"] = "key 0 excluded for queries i >= 1, before and after"
-  out["bos_replace"]["token_id"] = int(options.bos_replace_token)
+  if main == "prepend":
+    for kind in interventions.BOS_REPLACEMENTS:
+      acc = sweep(f"bos_replace.{kind}", lambda mdl, t, s, kind=kind: interventions.bos_replace(
+          embed, kind, token=options.bos_replace_token), design)
+      out["bos_replace"][kind] = entry(m["acc"]["leakage"], design, acc, design)
+    out["bos_replace"]["token_id"] = int(options.bos_replace_token)
+  else:
+    out["bos_replace"]["skipped"] = (f"bos_replace replaces the BOS embedding at position 0; under the main policy "
+                                     f"{main!r} position 0 holds a text token, so it does not run")
+  out["pos0_patch"] = entry(m["acc"]["leakage"], design, sweep("pos0_patch", pos0_source, design), design)
   out["pos0_patch"]["source"] = (f"position-0 stream of the next sequence under bos={other_policy[0]!r}"
                                  if other_policy else "position-0 stream of the next sequence")
+  reference = sweep("sink_ablate.reference", lambda mdl, t, s: {}, reference_design)
+  ablated = sweep("sink_ablate", lambda mdl, t, s: interventions.sink_ablate(heads), sink_design)
+  out["sink_ablate"] = entry(reference["leakage"], reference_design, ablated, sink_design)
+  out["sink_ablate"]["heads"] = [[int(l), int(h)] for l, h in zip(*np.nonzero(heads))]
+  out["sink_ablate"]["heads_rule"] = heads_rule
+  out["sink_ablate"]["cells"] = ("per head, the same cells before and after: the model's mask, without key 0 for "
+                                 "queries i >= 1 in the ablated heads; each pass's mask-only normaliser counts the "
+                                 "keys its softmax normalises over (i + 1 before, i after in an ablated head)")
   return out

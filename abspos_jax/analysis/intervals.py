@@ -1,0 +1,70 @@
+"""Delete-one-block jackknife intervals from blocked accumulators.
+
+Every accumulator of the analysis is a sum over sequences kept per block
+(``seq_id % K``). A statistic ``theta = f(acc, keep)`` is computed from the
+kept blocks (``keep [K]`` in {0, 1}); the jackknife recomputes it with each
+non-empty block left out in turn (``theta_(k)``), with no second pass over the
+data. With ``g`` non-empty blocks and ``theta_bar`` the mean of the
+``theta_(k)``::
+
+    se^2 = (g - 1) / g * sum_k (theta_(k) - theta_bar)^2
+    interval = theta +- t_{g-1, 0.975} * se
+
+The interval is NaN where any ``theta_(k)`` is not finite (e.g. leaving out a
+block empties a half) or ``g < 2``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import scipy.stats
+
+LEVEL = 0.95
+
+
+def keep_masks(num_blocks: int) -> jax.Array:
+  """``[K + 1, K]``: all blocks, then all but block ``k`` for each ``k``."""
+  ones = jnp.ones((1, num_blocks), jnp.float32)
+  return jnp.concatenate([ones, 1.0 - jnp.eye(num_blocks, dtype=jnp.float32)])
+
+
+def evaluate(fn: Callable[[jax.Array], Any], num_blocks: int) -> Any:
+  """``fn(keep)`` for every row of :func:`keep_masks`, stacked on a leading axis (jittable)."""
+  return jax.vmap(fn)(keep_masks(num_blocks))
+
+
+def summarize(stacked: Any, block_counts: np.ndarray, level: float = LEVEL) -> dict[str, Any]:
+  """``{"value", "se", "lo", "hi"}`` pytrees from :func:`evaluate`'s output (on the host).
+
+  ``block_counts [K]``: sequences per block; empty blocks are not left out.
+  """
+  present = np.asarray(block_counts) > 0
+  g = int(present.sum())
+  t = float(scipy.stats.t.ppf(0.5 + level / 2, g - 1)) if g >= 2 else np.nan
+
+  def one(x):
+    x = np.asarray(x, np.float64)
+    value, loo = x[0], x[1:][present]
+    if g < 2:
+      se = np.full_like(value, np.nan)
+    else:
+      with np.errstate(invalid="ignore", over="ignore"):
+        dev = loo - loo.mean(0)
+        se = np.sqrt((g - 1) / g * (dev * dev).sum(0))
+      se = np.where(np.isfinite(loo).all(0), se, np.nan)
+    return value, se, value - t * se, value + t * se
+
+  parts = jax.tree.map(one, jax.device_get(stacked))
+  pick = lambda i: jax.tree.map(lambda p: p[i], parts, is_leaf=lambda p: isinstance(p, tuple))  # noqa: E731
+  return {"value": pick(0), "se": pick(1), "lo": pick(2), "hi": pick(3)}
+
+
+def excludes_zero(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+  """True where a finite interval lies entirely on one side of 0."""
+  lo, hi = np.asarray(lo), np.asarray(hi)
+  return np.isfinite(lo) & np.isfinite(hi) & ((lo > 0) | (hi < 0))
