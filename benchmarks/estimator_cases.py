@@ -53,7 +53,7 @@ def direct(profile: np.ndarray, n: int, noise: float, seed: int) -> dict:
   s = np.where(vis, s, -np.inf).astype(np.float32)
   lz = scipy.special.logsumexp(s, -1).astype(np.float32)
   design = fe.make_design(vis)
-  acc, _ = jax.jit(leakage.update)(leakage.init(1, 2, t, 16), jnp.asarray(s), jnp.asarray(lz), jnp.arange(n), design)
+  acc, *_ = jax.jit(leakage.update)(leakage.init(1, 2, t, 16), jnp.asarray(s), jnp.asarray(lz), jnp.arange(n), design)
   keys = ("share_res_overall", "share_mask_overall")
   stacked = jax.jit(lambda a: intervals.evaluate(
       lambda k: {x: leakage.finalize(a, design, k)[x] for x in keys}, 16))(acc)

@@ -130,15 +130,27 @@ def test_make_design_rejects_bad_masks():
   np.testing.assert_array_equal(fe.make_design(mask(6, 3)).ref_count, [5, 4, 3, 0, 0, 0])
 
 
-def test_cumulative_logsumexp_is_exact_over_wide_ranges():
+def np_zmask(s, vis):
+  """``log Z^mask(n)`` by its definition, ``s [N, T, T]`` (-inf off ``vis``): ``[T]`` (0 where no reference)."""
+  t = vis.shape[0]
+  out = np.zeros(t)
+  for n in range(1, t + 1):
+    refs = [p for p in range(t) if p - n + 1 >= 1 and vis[p, p - n + 1]] or ([t - 1] if vis[t - 1, t - n] else [])
+    if refs:
+      out[n - 1] = np.mean([scipy.special.logsumexp(x[p, p - n + 1:p + 1]) - x[p, p] for x in s for p in refs])
+  return out
+
+
+def test_mask_only_normaliser_is_exact_over_wide_ranges():
+  """A sink 60 nats above the rest, a steep rising profile (far keys 90 nats above near ones), a falling one."""
   rng = np.random.default_rng(2)
-  x = rng.normal(size=(6, 40)) * np.array([[1.0], [10.0], [40.0], [1.0], [1.0], [1.0]])
-  x[3, 5] = 150.0  # a far key 150 nats above the first
-  x[4, 1:] = -150.0  # everything 150 nats below the first
-  x[5, 1:] += np.linspace(0, 120, 39)  # a steep rising profile
-  got = leakage.cumulative_logsumexp(jnp.asarray(x, jnp.float32))
-  want = np.logaddexp.accumulate(x, axis=-1)
-  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
+  t = 32
+  i, j = np.arange(t)[:, None], np.arange(t)[None, :]
+  for profile in (60.0 * (j == 0), 3.0 * (j - i), -3.0 * (j - i)):
+    s, log_z = softmax_inputs(profile + rng.normal(size=(4, 1, 1, t, t)), mask(t))
+    *_, fin = run_leakage(s, log_z, mask(t))
+    np.testing.assert_allclose(fin["zmask"][0, 0], np_zmask(s[:, 0, 0].astype(np.float64), mask(t)),
+                               rtol=1e-5, atol=2e-4)
 
 
 # --- leakage: brute force ------------------------------------------------------
@@ -202,7 +214,7 @@ def run_leakage(s, log_z, visible, seq_ids=None, parts=1, early_max=4, num_block
   acc = leakage.init(s.shape[1], s.shape[2], s.shape[-1], num_blocks)
   update = jax.jit(leakage.update)
   for p in np.array_split(np.arange(n), parts):
-    acc, _ = update(acc, jnp.asarray(s[p]), jnp.asarray(log_z[p]), jnp.asarray(seq_ids[p]), design)
+    acc, *_ = update(acc, jnp.asarray(s[p]), jnp.asarray(log_z[p]), jnp.asarray(seq_ids[p]), design)
   fin = jax.jit(leakage.finalize, static_argnames="early_max")(acc, design, early_max=early_max)
   return acc, design, fin
 
@@ -264,7 +276,8 @@ def test_offset_only_logits_are_all_mask(seed, scale, window):
     var = np.asarray(fin[prefix + "var_phi"])
     assert (np.abs(fin[prefix + "cov_res"]) <= 1e-4 * var + 1e-7).all()
     assert (np.abs(fin[prefix + "var_res"]) <= 1e-4 * var + 1e-7).all()
-    np.testing.assert_allclose(fin[prefix + "share_mask_overall"], 1.0, atol=1e-3)
+    if float(fin[prefix + "var_phi_overall"]) > 1e-6:  # a window of 2 keys leaves early queries no mask effect
+      np.testing.assert_allclose(fin[prefix + "share_mask_overall"], 1.0, atol=1e-3)
   np.testing.assert_allclose(fin["phi_zres"], 0.0, atol=1e-4)
 
 
@@ -366,7 +379,7 @@ def test_sink_ablate_cells_keep_one_normaliser_per_head():
   for keys, softmax_mask in ((mask(t), mask(t)), (cells, cells)):
     s, log_z = softmax_inputs(flat, softmax_mask)
     design = fe.make_design(cells, keys=keys)
-    acc, _ = leakage.update(leakage.init(1, 1, t, K), jnp.asarray(np.zeros((8, 1, 1, t, t), np.float32)),
+    acc, *_ = leakage.update(leakage.init(1, 1, t, K), jnp.asarray(np.zeros((8, 1, 1, t, t), np.float32)),
                             jnp.asarray(log_z), jnp.arange(8), design)
     fin = leakage.finalize(acc, design)
     np.testing.assert_allclose(fin["var_res"], 0.0, atol=1e-9)

@@ -81,7 +81,7 @@ def test_component_shares_always_sum_to_one(t, window, seed):
   s = 2.0 * jax.random.normal(jax.random.key(seed), (4, 1, 2, t, t))
   log_z = jax.nn.logsumexp(jnp.where(vis, s, -jnp.inf), -1)
   design = fixed_effects.make_design(vis)
-  acc, _ = leakage.update(leakage.init(1, 2, t, 2), s, log_z, jnp.arange(4), design)
+  acc, *_ = leakage.update(leakage.init(1, 2, t, 2), s, log_z, jnp.arange(4), design)
   fin = leakage.finalize(acc, design)
   total = np.asarray(fin["share_mask"]) + np.asarray(fin["share_res"])
   np.testing.assert_allclose(total[np.isfinite(total)], 1.0, atol=1e-4)

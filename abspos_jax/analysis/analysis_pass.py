@@ -93,29 +93,28 @@ def init_core(spec, seq_len: int, num_blocks: int, num_groups: int | None = None
           "position0": position0.init(L, D, spec.vocab_size if num_groups is None else num_groups)}
 
 
-def update_core(acc: dict, cap: dict[str, jax.Array], qstats: dict[str, jax.Array], tokens: jax.Array,
-                seq_ids: jax.Array, design: FEDesign, x0_groups: jax.Array | None = None
-                ) -> tuple[dict, jax.Array]:
+def update_core(acc: dict, cap: dict[str, jax.Array], tokens: jax.Array, seq_ids: jax.Array, design: FEDesign,
+                x0_groups: jax.Array | None = None) -> tuple[dict, jax.Array, dict[str, jax.Array]]:
   """Folds one batch into the core accumulators of :func:`init_core` (other keys of ``acc`` are ignored).
 
-  ``cap`` is :func:`forward` on ``tokens [B, T]``, ``qstats`` is
-  ``denominators.query_statistics`` of its logits (computed by the caller,
-  which may use them again), ``seq_ids [B]`` pick the blocks, ``design`` is
-  ``fixed_effects.make_design`` of the model's mask. ``x0_groups [V]`` int
-  maps a first token to its fingerprint group (a dense index over the first
-  tokens that occur), so the per-group accumulator is ``[groups, L+1, D]``
-  rather than ``[V, L+1, D]`` (gigabytes for a 32k-150k vocabulary); None
-  groups by the token id itself. Returns ``(acc, zres [B, L, H, T])``, the
-  residual part of ``log Z`` per sequence (``leakage.sequence_sums``).
+  ``cap`` is :func:`forward` on ``tokens [B, T]``, ``seq_ids [B]`` pick the
+  blocks, ``design`` is ``fixed_effects.make_design`` of the model's mask.
+  ``x0_groups [V]`` int maps a first token to its fingerprint group (a dense
+  index over the first tokens that occur), so the per-group accumulator is
+  ``[groups, L+1, D]`` rather than ``[V, L+1, D]`` (gigabytes for a 32k-150k
+  vocabulary); None groups by the token id itself. Returns ``(acc, zres,
+  qstats)``: the residual part of ``log Z`` per sequence ``[B, L, H, T]`` and
+  ``denominators.query_statistics`` of the batch (each ``[B, L, H, T]``), both
+  from the leakage's one pass over the logits.
   """
-  lk, zres = leakage.update(acc["leakage"], cap["logits"], cap["log_z"], seq_ids, design)
+  lk, zres, qstats = leakage.update(acc["leakage"], cap["logits"], cap["log_z"], seq_ids, design)
   return {"denominators": denominators.accumulate(acc["denominators"], qstats, seq_ids),
           "leakage": lk,
           "position0": position0.update(acc["position0"], cap["resid"],
-                                        tokens if x0_groups is None else x0_groups[tokens[:, :1]])}, zres
+                                        tokens if x0_groups is None else x0_groups[tokens[:, :1]])}, zres, qstats
 
 
-def make_core_step(graphdef: nnx.GraphDef, visible: jax.Array, design: FEDesign,
+def make_core_step(graphdef: nnx.GraphDef, design: FEDesign,
                    x0_groups: jax.Array | None = None):
   """``step(params, acc, tokens [B, T], seq_ids [B]) -> acc``: one forward, only the core statistics.
 
@@ -124,8 +123,7 @@ def make_core_step(graphdef: nnx.GraphDef, visible: jax.Array, design: FEDesign,
   """
   def step(params, acc, tokens, seq_ids):
     cap = forward(nnx.merge(graphdef, params), tokens)
-    qstats = denominators.query_statistics(cap["logits"], cap["log_z"], visible)
-    return update_core(acc, cap, qstats, tokens, seq_ids, design, x0_groups)[0]
+    return update_core(acc, cap, tokens, seq_ids, design, x0_groups)[0]
 
   return step
 
@@ -160,7 +158,7 @@ def closedness_inputs(tokens: jax.Array, k: int, vocab_size: int) -> jax.Array:
   return jnp.concatenate([tokens[:k, :1], later], axis=1)
 
 
-def make_baseline_step(graphdef: nnx.GraphDef, visible: jax.Array, design: FEDesign,
+def make_baseline_step(graphdef: nnx.GraphDef, design: FEDesign,
                        user: Mapping[str, Statistic], x0_groups: jax.Array | None = None,
                        closedness_sequences: int = 4):
   """``step(params, acc, tokens [B, T], seq_ids [B]) -> acc`` for the unmodified model.
@@ -191,8 +189,7 @@ def make_baseline_step(graphdef: nnx.GraphDef, visible: jax.Array, design: FEDes
     same = cap["resid"] if k == tokens.shape[0] else forward(model, tokens[:k])["resid"]
     closedness = position0.closedness_max_abs_diff(same, forward(model, other)["resid"])
     n = tokens.shape[0] * (tokens.shape[1] - 1)
-    qstats = denominators.query_statistics(cap["logits"], cap["log_z"], visible)  # once, for two consumers
-    core, zres = update_core(acc, cap, qstats, tokens, seq_ids, design, x0_groups)
+    core, zres, qstats = update_core(acc, cap, tokens, seq_ids, design, x0_groups)
     out = {
         **core,
         "probe_resid": probes.update(acc["probe_resid"], cap["resid"], seq_ids),

@@ -49,20 +49,31 @@ def query_statistics(logits: jax.Array, log_z: jax.Array,
   """
   vis = fe.layer_mask(visible)
 
-  def one_sequence(x: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array, jax.Array]:
+  def one_sequence(x: tuple[jax.Array, jax.Array]) -> dict[str, jax.Array]:
     s, lz = x  # [L, H, T, T], [L, H, T]
     log_a = jnp.where(vis, s - lz[..., None], 0.0)
     a = jnp.where(vis, jnp.exp(log_a), 0.0)
-    # A key removed by an edit (logit -inf, as sink_ablate does) has a = 0 and adds nothing (not 0 * -inf).
-    return -jnp.where(a > 0, a * log_a, 0.0).sum(-1), a.max(-1), a[..., 0]
+    out = weight_statistics(a, log_a)
+    out["sink_mass"] = a[..., 0]  # weight_statistics reads key 0 on the skew diagonal
+    return out
 
   # One sequence at a time, so that each step's [L, H, T, T] stays in cache: 2.4x faster on CPU
   # than the same expressions over the whole batch (docs/benchmarks.md).
-  entropy, max_weight, sink_mass = jax.lax.map(one_sequence, (logits, log_z))
+  out = jax.lax.map(one_sequence, (logits, log_z))
   log_v = log_visible(visible)
-  return dict(log_z=log_z,
-              excess=log_z - (log_v if visible.ndim == 2 else log_v[:, None]),
-              entropy=entropy, max_weight=max_weight, sink_mass=sink_mass)
+  return dict(log_z=log_z, excess=log_z - (log_v if visible.ndim == 2 else log_v[:, None]), **out)
+
+
+def weight_statistics(a: jax.Array, log_a: jax.Array) -> dict[str, jax.Array]:
+  """``entropy``, ``max_weight`` and ``sink_mass`` from weights ``a [..., T, T]`` (0 off the keys) and ``log a``.
+
+  Rows are queries; along the last axis any order of the keys. ``sink_mass``
+  reads key 0 of query ``i`` at index ``i`` (skew coordinates ``(i, d = i)``,
+  as :mod:`leakage` holds them). A key removed by an edit (logit -inf, as
+  ``sink_ablate`` does) has ``a = 0`` and adds nothing (not ``0 * -inf``).
+  """
+  return dict(entropy=-jnp.where(a > 0, a * log_a, 0.0).sum(-1), max_weight=a.max(-1),
+              sink_mass=jnp.diagonal(a, axis1=-2, axis2=-1))
 
 
 def init(num_layers: int, num_heads: int, seq_len: int, num_blocks: int) -> dict:

@@ -47,7 +47,7 @@ Numerics: sums are of ``x - ref_d`` with ``ref`` an offset profile taken
 from the first sequence seen (both models absorb any offset function, so no
 fit or R^2 depends on it; it keeps sums of squares free of cancellation when
 the logits follow a steep offset profile). The cumulative ``logsumexp`` of
-the normaliser is exact while a query's logits span less than ~160 nats.
+the normaliser is a cumulative sum of the weights (:func:`sequence_sums`).
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from abspos_jax.analysis import fixed_effects as fe
+from abspos_jax.analysis import denominators, fixed_effects as fe
 
 SUMS = ("os", "qs", "qq", "qr")  # per offset, per query, per query of y^2, per query of y * ref
 _BASE = ("var_phi", "var_total", "cov_mask", "cov_res", "var_mask", "var_res")
@@ -92,44 +92,62 @@ def _heads(x: jax.Array, base_ndim: int) -> jax.Array:
   return x[:, None] if x.ndim == base_ndim + 1 else x
 
 
-def cumulative_logsumexp(x: jax.Array) -> jax.Array:
-  """``c_n = logsumexp_{d <= n} x_d`` along the last axis, ``x[..., 0]`` finite.
-
-  Two cumulative sums: shifted by ``x_0`` (exact unless a later term exceeds
-  ``x_0`` by 80 nats) and by the row maximum (exact unless every term so far
-  is 87 nats below it); each row position uses the one that is exact there.
-  """
-  e = x - x[..., :1]
-  big = jnp.cumsum(e > 80.0, axis=-1) > 0
-  by_first = x[..., :1] + jnp.log(jnp.cumsum(jnp.exp(jnp.minimum(e, 80.0)), axis=-1))
-  m = x.max(-1, keepdims=True)
-  by_max = m + jnp.log(jnp.maximum(jnp.cumsum(jnp.exp(x - m), axis=-1), 1e-38))
-  return jnp.where(big, by_max, by_first)
-
-
 def sequence_sums(design: fe.FEDesign, ref_s: jax.Array, ref_l: jax.Array, s: jax.Array,
-                  lz: jax.Array) -> tuple[dict, jax.Array]:
+                  lz: jax.Array) -> tuple[dict, jax.Array, dict]:
   """One sequence's sums: ``s [L, H, T, T]`` logits (ignored off the cells), ``lz [L, H, T]``.
 
-  Returns ``(sums, zres)``: ``sums`` holds ``s_os, ..., loga_qr, lz, zm``
-  (each ``[L, H, T]``) and ``zres [L, H, T]`` is this sequence's
+  Returns ``(sums, zres, qstats)``: ``sums`` holds ``s_os, ..., loga_qr, lz,
+  zm`` (each ``[L, H, T]``); ``zres [L, H, T]`` is this sequence's
   ``log Z_i - log Z^mask(n(i))``, the normaliser taken from its own reference
-  queries (the attention-feature probe reads it).
+  queries (the attention-feature probe reads it); ``qstats`` are
+  ``denominators.QUANTITIES`` over the keys (``denominators.query_statistics``
+  when the keys are the model's mask), from the same weights.
+
+  The cumulative ``logsumexp`` of the normaliser reuses the weights:
+  ``logsumexp_{d<n} s_{p,p-d} = log Z_p + log sum_{d<n} a_{p,p-d}``. Where
+  that sum underflows (the nearest logits 69 nats under ``log Z``; checked
+  once per sequence, so the common case pays nothing) it is taken shifted by
+  the query's own logit instead, exact unless a nearer key exceeds that by 80
+  nats: exact for rows whose logits span less than ~149 nats.
   """
   valid = _heads(design.skew_valid, 2)
-  sk = jnp.where(valid, fe.skew(design, s), -jnp.inf)  # [L, H, T(i), T(d)]
+  raw = fe.skew(s)
+  sk = jnp.where(valid, raw, -jnp.inf)  # [L, H, T(i), T(d)]
   out = {}
-  for name, x, ref in (("s", sk, ref_s), ("loga", sk - lz[..., None], ref_l)):
-    r = ref[..., None, :]
-    y = jnp.where(valid, x - r, 0.0)
-    out.update({f"{name}_os": y.sum(-2), f"{name}_qs": y.sum(-1), f"{name}_qq": (y * y).sum(-1),
-                f"{name}_qr": (y * r).sum(-1)})
-  keys = jnp.where(_heads(design.key_valid, 2), fe.skew(design, s), -jnp.inf)
-  z = cumulative_logsumexp(keys) - keys[..., :1]
+  r = ref_s[..., None, :]
+  y = jnp.where(valid, sk - r, 0.0)
+  out.update(s_os=y.sum(-2), s_qs=y.sum(-1), s_qq=(y * y).sum(-1), s_qr=(y * r).sum(-1))
+  # log a = s - log Z_i and ref_l = ref_s - c (offset_profile), so y_loga = y_s - u_i with u = log Z - c on
+  # the cells: its sums follow from those of y_s and per-query terms, with no second pass over the grid.
+  c = (ref_s - ref_l)[..., :1]
+  u = lz - c
+  sv = _heads(design.skew_valid, 2).astype(jnp.float32)
+  n_i = _heads(design.query_count, 1)
+  r1 = jnp.einsum("...id,...d->...i", sv, ref_l, precision=fe.HIGHEST)  # sum of ref_l over each query's cells
+  out.update(loga_os=out["s_os"] - jnp.einsum("...id,...i->...d", sv, u, precision=fe.HIGHEST),
+             loga_qs=out["s_qs"] - n_i * u,
+             loga_qq=out["s_qq"] - 2.0 * u * out["s_qs"] + n_i * u * u,
+             loga_qr=out["s_qr"] - c * out["s_qs"] - u * r1)
+  keys = _heads(design.key_valid, 2)
+  log_a = jnp.where(keys, raw - lz[..., None], -jnp.inf)
+  a = jnp.exp(log_a)
+  cs = jnp.cumsum(a, axis=-1)
+  tiny = 1e-30  # a normal float32: XLA's CPU flushes subnormals to 0
+
+  def near_keys_too_small() -> jax.Array:  # rare: shift by the query's own logit where the weights underflow
+    e = jnp.where(keys, raw - raw[..., :1], -jnp.inf)
+    by_diagonal = raw[..., :1] + jnp.log(jnp.cumsum(jnp.exp(jnp.minimum(e, 80.0)), axis=-1))
+    return jnp.where(cs >= tiny, lz[..., None] + jnp.log(jnp.maximum(cs, tiny)), by_diagonal)
+
+  cum = jax.lax.cond(jnp.any(keys & (cs < tiny)), near_keys_too_small,
+                     lambda: lz[..., None] + jnp.log(jnp.maximum(cs, tiny)))
+  z = cum - raw[..., :1]
   out["zm"] = jnp.where(_heads(design.ref_valid, 2), z, 0.0).sum(-2)
   out["lz"] = lz
   zmask = out["zm"] / jnp.maximum(_heads(design.ref_count, 1), 1.0)
-  return out, lz - _at_count(design, zmask)
+  qstats = denominators.weight_statistics(a, jnp.where(keys, log_a, 0.0))
+  qstats.update(log_z=lz, excess=lz - jnp.log(_heads(design.key_count, 1)))
+  return out, lz - _at_count(design, zmask), qstats
 
 
 def _at_count(design: fe.FEDesign, per_n: jax.Array) -> jax.Array:
@@ -139,17 +157,20 @@ def _at_count(design: fe.FEDesign, per_n: jax.Array) -> jax.Array:
 
 
 def offset_profile(design: fe.FEDesign, s: jax.Array, lz: jax.Array) -> tuple[jax.Array, jax.Array]:
-  """The references: per-offset means of ``s`` and ``log a`` of one sequence, ``[L, H, T]`` each."""
+  """The references of one sequence, ``[L, H, T]`` each: ``ref_s`` the per-offset means of ``s``,
+  ``ref_l = ref_s - c`` with ``c`` the cell mean of ``log Z_i`` (an offset profile near that of ``log a``).
+  """
   valid = _heads(design.skew_valid, 2)
-  sk = fe.skew(design, s)
+  sk = fe.skew(s)
   count = jnp.maximum(_heads(design.offset_count, 1), 1.0)
-  return (jnp.where(valid, sk, 0.0).sum(-2) / count,
-          jnp.where(valid, sk - lz[..., None], 0.0).sum(-2) / count)
+  ref_s = jnp.where(valid, sk, 0.0).sum(-2) / count
+  c = (_heads(design.query_count, 1) * lz).sum(-1, keepdims=True) / _heads(design.n_cells, 0)[..., None]
+  return ref_s, ref_s - c
 
 
 def update(acc: dict, logits: jax.Array, log_z: jax.Array, seq_ids: jax.Array,
-           design: fe.FEDesign) -> tuple[dict, jax.Array]:
-  """Adds a batch; returns ``(acc, zres [B, L, H, T])`` (see :func:`sequence_sums`).
+           design: fe.FEDesign) -> tuple[dict, jax.Array, dict]:
+  """Adds a batch; returns ``(acc, zres [B, L, H, T], qstats)`` (see :func:`sequence_sums`).
 
   Args:
     acc: from ``init``.
@@ -164,13 +185,13 @@ def update(acc: dict, logits: jax.Array, log_z: jax.Array, seq_ids: jax.Array,
   first = jax.lax.cond(acc["n"].sum() > 0, lambda: (acc["s"]["ref"], acc["loga"]["ref"]),
                        lambda: offset_profile(design, logits[0], log_z[0]))
   # One sequence at a time, so that each step's [L, H, T, T] stays in cache.
-  sums, zres = jax.lax.map(lambda x: sequence_sums(design, *first, *x), (logits, log_z))
+  sums, zres, qstats = jax.lax.map(lambda x: sequence_sums(design, *first, *x), (logits, log_z))
   onehot = jax.nn.one_hot(seq_ids % num_blocks, num_blocks, dtype=jnp.float32)
   add = lambda a, x: a + jnp.einsum("bk,b...->k...", onehot, x, precision=fe.HIGHEST)  # noqa: E731
   out = {name: {**{k: add(acc[name][k], sums[f"{name}_{k}"]) for k in SUMS}, "ref": ref}
          for name, ref in (("s", first[0]), ("loga", first[1]))}
   out.update(lz=add(acc["lz"], sums["lz"]), zm=add(acc["zm"], sums["zm"]), n=acc["n"] + onehot.sum(0))
-  return out, zres
+  return out, zres, qstats
 
 
 def _half_weights(keep: jax.Array) -> jax.Array:
@@ -252,8 +273,7 @@ def _head(acc: dict, design: fe.FEDesign, keep: jax.Array, early_max: int) -> di
 def design_axes(design: fe.FEDesign) -> tuple[fe.FEDesign, fe.FEDesign]:
   """``vmap`` in_axes of a design over layers and over heads (``0`` where it has that axis, else None)."""
   lead = design.skew_valid.ndim - 2
-  per = lambda has: fe.FEDesign(*[None if name == "diff_index" or not has else 0  # noqa: E731
-                                  for name in fe.FEDesign._fields])
+  per = lambda has: fe.FEDesign(*[0 if has else None for _ in fe.FEDesign._fields])  # noqa: E731
   return per(lead >= 1), per(lead >= 2)
 
 

@@ -229,7 +229,7 @@ def analyze(model: Decoder, sequences: Mapping[str, np.ndarray], *, main: str = 
 
   num_groups, x0_groups = fingerprint_groups(sequences, spec.vocab_size)
   # Donating the accumulators lets XLA update them in place rather than copy them every batch.
-  baseline_step = jax.jit(make_baseline_step(graphdef, visible, design, statistics, jnp.asarray(x0_groups),
+  baseline_step = jax.jit(make_baseline_step(graphdef, design, statistics, jnp.asarray(x0_groups),
                                              options.closedness_sequences), donate_argnums=1)
   finals = {}
   for policy, toks in sequences.items():
