@@ -56,6 +56,7 @@ def main(argv):
   if _ALL_STEPS.value and (_HF.value or _STEP.value is not None):
     sys.exit("error: --all_steps analyses every checkpoint of --workdir; it takes no --step or --hf")
   from abspos_jax.analysis import AnalysisOptions, analyze_all_steps, analyze_hf, analyze_run
+  from abspos_jax.analysis.report import with_interval
   try:
     if _BATCH.value < 1:
       raise ValueError(f"--batch_size must be >= 1, got {_BATCH.value}")
@@ -81,8 +82,10 @@ def main(argv):
   s = result.summary
   if distributed.is_writer():
     print(f"wrote {out}: summary.json, stats.npz, report.md and figures")
-    print(f"  residual-stream share (pooled / early): {s['components']['pooled']['residual_stream']:.3f} / "
-          f"{s['components']['pooled_early']['residual_stream']:.3f}; max sink score {s['sink_score_max']:.3f}")
+    pooled, early = s["components"]["pooled"], s["components"]["pooled_early"]
+    share = lambda d: with_interval(d["residual_stream"], d.get("residual_stream_ci"))  # noqa: E731
+    print(f"  residual-stream share (pooled / early): {share(pooled)} / {share(early)}; max sink score (held out) "
+          f"{with_interval(s['sink_score_max'], s.get('sink_score_max_ci'))}")
 
 
 if __name__ == "__main__":

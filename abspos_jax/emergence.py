@@ -6,7 +6,8 @@ validation sequences (``data.eval_sequences`` under the run's ``data.bos``,
 the sequences ``analyze.py`` would take first). It is the analysis pass's core
 step (``analysis_pass.make_core_step``: one forward through the hook points,
 the denominator, leakage and position-0 accumulators) followed by
-``run.finalize_core``, the code ``analyze.py`` runs, traced into one jitted
+``run.finalize_core`` over all blocks (``keep=None``; ``AnalysisOptions.num_blocks``
+sequence blocks, as ``analyze.py``), the code ``analyze.py`` runs, traced into one jitted
 function of the parameters, compiled once per run. It reads no training
 randomness and never touches the training data iterator, so the training
 losses are the same with it on or off.
@@ -15,13 +16,16 @@ Logged keys (definitions and formulas: ``docs/emergence.md``,
 ``docs/estimators.md``), per layer ``l`` of ``L``:
 
 * ``sink_rate_l{l}`` (``l < L``): fraction of heads whose mean weight on key 0
-  over queries ``i >= 4`` exceeds 0.3 (summary.json ``sink_rate``);
-* ``sink_score_max``: the largest such mean over all heads;
+  over the queries ``i >= 4`` that see key 0 exceeds 0.3 on the even sequence
+  blocks (summary.json ``sink_rate``);
+* ``sink_score_max``: the score on the odd blocks (held out) of the head with
+  the largest even-block score;
 * ``pos0_norm_ratio_l{l}`` (``l <= L``, 0 = embedding output):
   ``mean ||h_0^l|| / mean_{i >= 1} ||h_i^l||``;
 * ``leakage_log_weights``: held-out leakage of the log-weights, mean over heads;
 * ``causal_mask_share``, ``residual_stream_share`` (and ``*_early``, queries
-  ``1 <= i < 16``): the pooled exact split of the query-position effect;
+  ``1 <= i < 16``): the pooled v2 split of the query-position effect (against
+  the mask-only normaliser, cross-fitted between the even and odd blocks);
 * ``emergence_seconds``: wall time of this evaluation;
 * ``emergence_fraction``: the hook's time so far (its compilation included)
   over the wall time since it was built (in this process).
@@ -94,9 +98,9 @@ class EmergenceHook:
     num_groups, x0_groups = fingerprint_groups({config.data.bos: self.tokens}, spec.vocab_size)
 
     def evaluate(params, tokens, seq_ids, visible, design, x0_groups):
-      acc = make_core_step(graphdef, visible, x0_groups)(params, init_core(spec, seq_len, num_groups),
-                                                         tokens, seq_ids)
-      return metrics_from_core(finalize_core(acc, visible, design, options))
+      acc = init_core(spec, seq_len, options.num_blocks, num_groups)
+      acc = make_core_step(graphdef, design, x0_groups)(params, acc, tokens, seq_ids)
+      return metrics_from_core(finalize_core(acc, visible, design, options, keep=None))
 
     replicated = NamedSharding(mesh, PartitionSpec())
     # Every process holds the same values: a replicated global array (one or many processes).

@@ -371,7 +371,9 @@ class RunState:
 
   ``latest_step``: the newest complete checkpoint (orbax names it by its step;
   a save in progress is a ``*.orbax-checkpoint-tmp*`` directory, never a
-  step). ``analysed_step``: the ``step`` recorded in ``analysis/summary.json``.
+  step). ``analysed_step``: the ``step`` recorded in ``analysis/summary.json``
+  (None when that summary holds older estimators than :data:`ESTIMATORS`, so
+  the run is analysed again).
   ``config_diff``: fields where ``config.json`` differs from the sweep's config.
   """
   latest_step: int | None = None
@@ -387,11 +389,18 @@ def latest_checkpoint_step(workdir: str) -> int | None:
   return max(steps, default=None)
 
 
+# summary.json's "estimators" (analysis/run.py): a summary of older estimators counts as not analysed.
+ESTIMATORS = "v2"
+
+
 def analysed_step(workdir: str) -> int | None:
+  """The checkpoint step ``analysis/summary.json`` analysed, or None (no summary, damaged, older estimators)."""
   try:
     with open(os.path.join(workdir, "analysis", "summary.json")) as f:
       summary = json.load(f)
   except (OSError, ValueError):
+    return None
+  if not isinstance(summary, dict) or summary.get("estimators") != ESTIMATORS:
     return None
   step = summary.get("meta", {}).get("step", summary.get("step"))
   return step if isinstance(step, int) else None

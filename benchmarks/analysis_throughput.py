@@ -34,8 +34,8 @@ import torch
 from flax import nnx
 
 from abspos_jax import model as model_lib
-from abspos_jax.analysis import analysis_pass, denominators
-from abspos_jax.analysis.run import layer_visible
+from abspos_jax.analysis import analysis_pass, denominators, fixed_effects
+from abspos_jax.analysis.run import AnalysisOptions, layer_visible
 from abspos_jax.interop import hf
 from benchmarks import common, hf_reference
 from benchmarks.train_throughput import SIZES, size_config
@@ -50,13 +50,15 @@ class OursPass:
     self.graphdef, self.params = nnx.split(model, nnx.Param)
     self.spec, self.seq_len, self.batch_size = model.spec, seq_len, batch_size
     self.visible = layer_visible(model.spec, seq_len)
+    design = fixed_effects.make_design(self.visible)
     groups = np.arange(model.spec.vocab_size, dtype=np.int32)
     # Donating the accumulators, as analyze() does (see analysis.run._sweep for the copy below).
-    self.step = jax.jit(analysis_pass.make_baseline_step(self.graphdef, self.visible, {}, jnp.asarray(groups)),
+    self.step = jax.jit(analysis_pass.make_baseline_step(self.graphdef, design, {}, jnp.asarray(groups)),
                         donate_argnums=1)
 
   def run(self, tokens: np.ndarray) -> dict:
-    acc = jax.tree.map(jnp.copy, analysis_pass.init_accumulators(self.spec, self.seq_len, {}))
+    acc = jax.tree.map(jnp.copy, analysis_pass.init_accumulators(self.spec, self.seq_len, {},
+                                                                 AnalysisOptions().num_blocks))
     for start in range(0, len(tokens), self.batch_size):
       stop = min(start + self.batch_size, len(tokens))
       acc = self.step(self.params, acc, jnp.asarray(tokens[start:stop]), jnp.arange(start, stop))

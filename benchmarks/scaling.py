@@ -24,8 +24,8 @@ import numpy as np
 from flax import nnx
 
 from abspos_jax import model as model_lib, optim
-from abspos_jax.analysis import analysis_pass
-from abspos_jax.analysis.run import layer_visible
+from abspos_jax.analysis import analysis_pass, fixed_effects
+from abspos_jax.analysis.run import AnalysisOptions, layer_visible
 from abspos_jax.attention import Attention
 from abspos_jax.train_step import make_loss_fn, make_train_step
 from benchmarks import common
@@ -82,8 +82,9 @@ def analysis_row(layers: int, seq_len: int, batch: int, repeats: int) -> dict:
   model = model_lib.create(config)
   graphdef, params = nnx.split(model, nnx.Param)
   visible = layer_visible(model.spec, seq_len)
-  step = jax.jit(analysis_pass.make_baseline_step(graphdef, visible, {}, jnp.arange(config.model.vocab_size)))
-  acc = analysis_pass.init_accumulators(model.spec, seq_len, {})
+  design = fixed_effects.make_design(visible)
+  step = jax.jit(analysis_pass.make_baseline_step(graphdef, design, {}, jnp.arange(config.model.vocab_size)))
+  acc = analysis_pass.init_accumulators(model.spec, seq_len, {}, AnalysisOptions().num_blocks)
   tokens = jnp.asarray(np.random.default_rng(0).integers(0, 256, (batch, seq_len)).astype(np.int32))
   return {"layers": layers, "seq_len": seq_len, "batch": batch,
           "analysis_ms": best_ms(lambda: step(params, acc, tokens, jnp.arange(batch)), repeats)}
@@ -95,7 +96,7 @@ def main() -> None:
   p.add_argument("--depths", default="2,4,8")
   p.add_argument("--tokens", type=int, default=2048, help="tokens per step (batch = tokens / seq_len)")
   p.add_argument("--analysis_max_seq_len", type=int, default=1024,
-                 help="longest analysis row (its accumulators grow as L H T^2)")
+                 help="longest analysis row (its captured logits grow as batch L H T^2)")
   p.add_argument("--repeats", type=int, default=3)
   p.add_argument("--json", default="")
   args = p.parse_args()

@@ -278,7 +278,7 @@ def fake_run(workdir, steps=(), tmp=(), analysed=None, config=None):
   if analysed is not None:
     os.makedirs(os.path.join(workdir, "analysis"), exist_ok=True)
     with open(os.path.join(workdir, "analysis", "summary.json"), "w") as f:
-      json.dump({"meta": {"step": analysed}, "main_policy": "prepend"}, f)
+      json.dump({"meta": {"step": analysed}, "main_policy": "prepend", "estimators": sweep_lib.ESTIMATORS}, f)
   if config is not None:
     with open(os.path.join(workdir, "config.json"), "w") as f:
       json.dump(config_lib.to_dict(config), f)
@@ -292,6 +292,9 @@ def test_state_reads_only_complete_checkpoints(tmp_path):
   assert sweep_lib.latest_checkpoint_step(w) == 2
   fake_run(w, steps=(4,), analysed=2)
   assert sweep_lib.read_state(w, config_lib.base_config()) == RunState(4, 2, ())
+  with open(os.path.join(w, "analysis", "summary.json"), "w") as f:
+    json.dump({"meta": {"step": 4}, "main_policy": "prepend"}, f)  # v1 estimators (no "estimators"): analyse again
+  assert sweep_lib.analysed_step(w) is None
   with open(os.path.join(w, "analysis", "summary.json"), "w") as f:
     f.write('{"meta": {"st')  # damaged: not analysed
   assert sweep_lib.analysed_step(w) is None

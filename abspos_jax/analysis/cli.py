@@ -13,6 +13,7 @@ from abspos_jax import atomic, checkpoint, data
 from abspos_jax.data import builders
 from abspos_jax.analysis import emergence, outputs
 from abspos_jax.analysis.run import AnalysisOptions, AnalysisResult, analyze
+from abspos_jax.sweep import ESTIMATORS
 
 
 def analyze_run(workdir: str, *, step: int | None = None, out: str | None = None, num_sequences: int = 256,
@@ -42,11 +43,13 @@ def analyze_run(workdir: str, *, step: int | None = None, out: str | None = None
 
 def _previous(path: str, workdir: str, step: int, num_sequences: int, split: str, seq_len: int,
               options: AnalysisOptions) -> dict | None:
-  """The ``summary.json`` at ``path`` if it is this step's analysis with these settings, else None."""
+  """The ``summary.json`` at ``path`` if it is this step's analysis with these settings and estimators, else None."""
   if not os.path.exists(path):
     return None
   with open(path) as f:
     s = json.load(f)
+  if s.get("estimators") != ESTIMATORS:  # an older analysis: its keys and numbers differ
+    return None
   m = s.get("meta", {})
   same_options = {**m.get("options", {}), "progress": None} == {**dataclasses.asdict(options), "progress": None}
   return s if (m.get("workdir"), m.get("step"), m.get("split"), s.get("num_sequences"), s.get("seq_len"),

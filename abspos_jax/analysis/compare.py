@@ -1,7 +1,8 @@
 """Side-by-side comparison of analysed runs, with spread over seeds.
 
 Runs whose configs differ only in ``train.seed`` form one group; each metric is
-reported as mean +- standard deviation (ddof 1) over the group's seeds. Runs
+reported as mean +- standard deviation (ddof 1) over the group's seeds, and a
+group of one run as its value with its summary.json interval (``KEY_ci``). Runs
 whose ``metrics.jsonl`` holds the training-time emergence metrics also get
 their curves against training tokens (``emergence.png``, and per group under
 ``emergence`` in ``comparison.json``; see ``analysis/emergence.py``).
@@ -25,10 +26,26 @@ METRICS = (
     ("pos0 norm ratio (last)", ("position0", "norm_ratio", -1)),
     ("BOS fingerprint (max)", ("fingerprint", "bos", "MAX")),
     ("no-BOS fingerprint (mean)", ("fingerprint", "no_bos", "MEAN")),
-    ("max sink score", ("sink_score_max",)),
+    ("max sink score (held out)", ("sink_score_max",)),
+    ("BOS-replace[mean] residual change (early, nats^2)",
+     ("interventions", "bos_replace", "mean", "residual_stream_change_early")),
     ("BOS-replace[mean] residual removed (early)",
      ("interventions", "bos_replace", "mean", "residual_stream_removed_early")),
 )
+
+
+def _get_ci(summary: dict, path: tuple) -> list | None:
+  """The ``[lo, hi]`` interval summary.json keeps beside a scalar at ``path`` (``KEY_ci``), else None."""
+  if not isinstance(path[-1], str) or path[-1].isupper():
+    return None
+  x = summary
+  for key in (*path[:-1], path[-1] + "_ci"):
+    if not isinstance(x, dict) or key not in x:
+      return None
+    x = x[key]
+  if not isinstance(x, list) or len(x) != 2 or any(isinstance(v, list) for v in x):
+    return None  # a per-layer list of intervals: the table shows scalars
+  return [None if v is None or not np.isfinite(v) else float(v) for v in x]
 
 
 def _get(summary: dict, path: tuple) -> float:
@@ -90,7 +107,8 @@ def compare(run_dirs: list[str], out: str) -> dict:
       vals = np.array([_get(r["summary"], path) for r in runs])
       row[name] = {"mean": float(np.nanmean(vals)) if np.isfinite(vals).any() else None,
                    "std": float(np.nanstd(vals, ddof=1)) if np.isfinite(vals).sum() > 1 else None,
-                   "values": [None if not np.isfinite(v) else float(v) for v in vals]}
+                   "values": [None if not np.isfinite(v) else float(v) for v in vals],
+                   "intervals": [_get_ci(r["summary"], path) for r in runs]}
     curves = {r["dir"]: emergence.run_curves(r["dir"]) for r in runs}
     row["emergence"] = {d: c for d, c in curves.items() if c is not None}
     table[key] = row
@@ -107,15 +125,23 @@ def compare(run_dirs: list[str], out: str) -> dict:
   return table
 
 
+def _num(x: float) -> str:
+  return f"{x:.3g}" if x != 0 and abs(x) < 1e-2 else f"{x:.3f}"
+
+
 def _cell(v: dict) -> str:
   if v["mean"] is None:
     return "n/a"
-  return f"{v['mean']:.3f}" + (f" ± {v['std']:.3f}" if v["std"] is not None else "")
+  if len(v["values"]) == 1:  # one run: its own interval
+    ci = (v.get("intervals") or [None])[0]
+    return _num(v["mean"]) + (f" [{_num(ci[0])}, {_num(ci[1])}]" if ci and None not in ci else "")
+  return _num(v["mean"]) + (f" ± {_num(v['std'])}" if v["std"] is not None else "")
 
 
 def render(table: dict) -> str:
   names = [n for n, _ in METRICS]
-  lines = ["# Comparison", "", "Mean ± std over seeds (n = number of runs).", "",
+  lines = ["# Comparison", "", "Mean ± std over seeds (n = number of runs); for a single run, its value and 95% "
+           "jackknife interval [lo, hi] from summary.json.", "",
            "| group | n | " + " | ".join(names) + " |", "|---" * (len(names) + 2) + "|"]
   for key, row in table.items():
     lines.append(f"| {key} | {len(row['runs'])} | " + " | ".join(_cell(row[n]) for n in names) + " |")
@@ -133,14 +159,22 @@ def figure(table: dict, path: str) -> None:
   fig, ax = plt.subplots(figsize=(max(5, 1.3 * len(keys)), 3.4))
   x = np.arange(len(keys))
   for off, name in ((-0.2, "causal-mask share"), (0.2, "residual share")):
-    means = [np.nan if table[k][name]["mean"] is None else table[k][name]["mean"] for k in keys]
-    errs = [0 if table[k][name]["std"] is None else table[k][name]["std"] for k in keys]
+    means = np.array([np.nan if table[k][name]["mean"] is None else table[k][name]["mean"] for k in keys])
+    errs = np.zeros((2, len(keys)))
+    for i, k in enumerate(keys):
+      v = table[k][name]
+      ci = (v.get("intervals") or [None])[0] if len(v["values"]) == 1 else None
+      if v["std"] is not None:
+        errs[:, i] = v["std"]
+      elif ci and None not in ci and np.isfinite(means[i]):
+        errs[:, i] = np.maximum([means[i] - ci[0], ci[1] - means[i]], 0.0)
     ax.bar(x + off, means, 0.4, yerr=errs, capsize=3, label=name)
   ax.axhline(0, color="k", lw=0.8)
   ax.set_xticks(x)
   ax.set_xticklabels(keys, rotation=25, ha="right", fontsize=7)
   ax.set_ylabel("share of query-position leakage")
-  ax.set_title("Leakage components by configuration (error bars: std over seeds)")
+  ax.set_title("Leakage components by configuration\n(error bars: std over seeds; one run: its 95% interval)",
+               fontsize=9)
   ax.legend(fontsize=8)
   fig.tight_layout()
   fig.savefig(path, dpi=110)

@@ -6,9 +6,9 @@
   quantity and one line per run (``analyze.py --compare`` writes it as
   ``emergence.png``).
 * :func:`step_record` condenses one checkpoint's ``summary.json`` into the
-  numbers that follow sinks forming; :func:`write_steps` writes them for every
-  analysed checkpoint of a run as ``steps.json`` and ``steps.png``
-  (``analyze.py --all_steps``).
+  numbers that follow sinks forming, with their intervals; :func:`write_steps`
+  writes them for every analysed checkpoint of a run as ``steps.json`` and
+  ``steps.png`` (error bars from the intervals; ``analyze.py --all_steps``).
 """
 
 import json
@@ -20,12 +20,13 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from abspos_jax.analysis.figures import ci_errors  # noqa: E402
 from abspos_jax.metrics import read_metrics  # noqa: E402
 
 # (key in a run's curves, panel title); one panel each in emergence.png.
 CURVES = (
     ("sink_rate_max", "sink rate (eps 0.3), max over layers"),
-    ("sink_score_max", "largest mean sink mass of a head"),
+    ("sink_score_max", "largest sink score of a head (held out)"),
     ("pos0_norm_ratio_last", "pos-0 / other norm ratio, last layer"),
     ("residual_stream_share", "residual-stream share (pooled)"),
     ("leakage_log_weights", "leakage of log a (held-out R^2 gain)"),
@@ -104,63 +105,82 @@ def step_record(step: int, summary: dict, tokens_per_step: int | None = None) ->
   ``step``, ``tokens`` (``step * tokens_per_step``, None without it),
   ``leakage_log_weights``, pooled ``causal_mask_share``,
   ``residual_stream_share``, ``leakage_share`` and their ``*_early`` variants,
-  ``sink_score_max``, ``sink_rate`` (per layer) and, when interventions ran,
-  ``bos_replace``: per replacement kind the ``residual_stream_removed`` and
-  ``causal_mask_removed`` fractions, all and early queries.
+  ``sink_score_max``, ``sink_rate`` (per layer) and, when BOS replacement ran,
+  ``bos_replace``: per replacement kind the ``residual_stream`` and
+  ``causal_mask`` ``_change`` (after - before covariance, nats^2) and
+  ``_removed`` (a fraction, None where the component before is not clearly
+  non-zero), all and early queries. Each number that summary.json gives an
+  interval has it beside it as ``KEY_ci`` (``[lo, hi]``, None where the
+  summary has none).
   """
   c = summary["components"]
   rec = {"step": step, "tokens": None if tokens_per_step is None else step * tokens_per_step,
          "leakage_log_weights": summary["leakage"]["log_weights_overall"],
-         "sink_score_max": summary["sink_score_max"], "sink_rate": summary["sink_rate"]}
+         "leakage_log_weights_ci": summary["leakage"].get("log_weights_overall_ci"),
+         "sink_score_max": summary["sink_score_max"], "sink_score_max_ci": summary.get("sink_score_max_ci"),
+         "sink_rate": summary["sink_rate"]}
   for suffix in ("", "_early"):
     pooled = c["pooled" + suffix]
-    rec["causal_mask_share" + suffix] = pooled["causal_mask"]
-    rec["residual_stream_share" + suffix] = pooled["residual_stream"]
-    rec["leakage_share" + suffix] = pooled["leakage_share"]
+    for name, key in (("causal_mask_share", "causal_mask"), ("residual_stream_share", "residual_stream"),
+                      ("leakage_share", "leakage_share")):
+      rec[name + suffix] = pooled[key]
+      rec[f"{name}{suffix}_ci"] = pooled.get(key + "_ci")
   iv = summary.get("interventions")
-  if iv:
-    rec["bos_replace"] = {kind: {f"{comp}_removed{suffix}": v[f"{comp}_removed{suffix}"]
-                                 for comp in ("residual_stream", "causal_mask") for suffix in ("", "_early")}
+  if iv and any(isinstance(v, dict) for v in iv["bos_replace"].values()):
+    rec["bos_replace"] = {kind: {f"{comp}_{what}{suffix}{ci}": v.get(f"{comp}_{what}{suffix}{ci}")
+                                 for comp in ("residual_stream", "causal_mask") for what in ("change", "removed")
+                                 for suffix in ("", "_early") for ci in ("", "_ci")}
                           for kind, v in iv["bos_replace"].items() if isinstance(v, dict)}
   return rec
 
 
+def _plot_ci(ax, x, records: list[dict], key: str, fmt: str, **kw) -> None:
+  """``records[i][key]`` against ``x`` with error bars from ``records[i][key + "_ci"]`` where there is one."""
+  values = _values([r.get(key) for r in records])
+  ax.errorbar(x, values, yerr=ci_errors(values, [r.get(key + "_ci") for r in records]), fmt=fmt, ms=3, capsize=2,
+              **kw)
+
+
 def write_steps(out: str, records: list[dict], workdir: str) -> None:
-  """``steps.json`` (``{"workdir", "steps": [step_record, ...]}``, by step) and ``steps.png`` into ``out``."""
+  """``steps.json`` (``{"workdir", "steps": [step_record, ...]}``, by step) and ``steps.png`` into ``out``.
+
+  Error bars: the summary's intervals (``*_ci``, delete-one-block jackknife, 95%).
+  """
   records = sorted(records, key=lambda r: r["step"])
   with open(os.path.join(out, "steps.json"), "w") as f:
     json.dump({"workdir": os.path.abspath(workdir), "steps": records}, f, indent=1)
   step = np.array([r["step"] for r in records])
-  get = lambda key: _values([r[key] for r in records])  # noqa: E731
   has_iv = all("bos_replace" in r and "mean" in r["bos_replace"] for r in records)
   fig, axes = plt.subplots(1, 4 if has_iv else 3, figsize=(17 if has_iv else 13, 3.4))
   for comp, color in (("causal_mask", "C0"), ("residual_stream", "C1")):
     for suffix, ls in (("", "-"), ("_early", "--")):
       label = comp.replace("_", " ") + (" (early queries)" if suffix else " (all queries)")
-      axes[0].plot(step, get(f"{comp}_share{suffix}"), "o" + ls, color=color, ms=3, label=label)
+      _plot_ci(axes[0], step, records, f"{comp}_share{suffix}", "o" + ls, color=color, label=label)
   axes[0].axhline(0.0, color="k", lw=0.6)
   axes[0].set_title("share of query-position leakage of log a", fontsize=9)
   axes[0].legend(fontsize=7)
-  axes[1].plot(step, get("leakage_log_weights"), "o-", ms=3, label="held-out R^2 gain")
-  axes[1].plot(step, get("leakage_share"), "o--", ms=3, label="Var(phi_loga) / Var(log a)")
+  _plot_ci(axes[1], step, records, "leakage_log_weights", "o-", label="held-out R^2 gain")
+  _plot_ci(axes[1], step, records, "leakage_share", "o--", label="Var(phi_loga) / Var(log a)")
   axes[1].set_title("leakage of log a (pooled)", fontsize=9)
   axes[1].legend(fontsize=7)
-  axes[2].plot(step, get("sink_score_max"), "o-", ms=3, label="largest mean sink mass")
+  _plot_ci(axes[2], step, records, "sink_score_max", "o-", label="largest sink score (held out)")
   axes[2].plot(step, [np.nanmax(_values(r["sink_rate"])) for r in records], "o--", ms=3,
                label="sink rate, max over layers")
   axes[2].axhline(0.3, color="k", ls=":", lw=0.8)
   axes[2].set_title("sinks (threshold 0.3 dotted)", fontsize=9)
   axes[2].legend(fontsize=7)
   if has_iv:
+    mean = [r["bos_replace"]["mean"] for r in records]
     for suffix, ls in (("", "-"), ("_early", "--")):
-      axes[3].plot(step, _values([r["bos_replace"]["mean"][f"residual_stream_removed{suffix}"] for r in records]),
-                   "o" + ls, color="C1", ms=3, label="all queries" if not suffix else "early queries")
+      _plot_ci(axes[3], step, mean, f"residual_stream_change{suffix}", "o" + ls, color="C1",
+               label="all queries" if not suffix else "early queries")
     axes[3].axhline(0.0, color="k", lw=0.6)
-    axes[3].set_title("BOS-replace[mean]: residual-stream part removed", fontsize=9)
+    axes[3].set_title("BOS-replace[mean]: change of the residual-stream\ncomponent (after - before, nats^2)",
+                      fontsize=9)
     axes[3].legend(fontsize=7)
   for ax in axes:
     ax.set_xlabel("training step")
-  fig.suptitle(f"Analysis of every kept checkpoint of {workdir}")
+  fig.suptitle(f"Analysis of every kept checkpoint of {workdir} (error bars: 95% jackknife intervals)")
   fig.tight_layout()
   fig.savefig(os.path.join(out, "steps.png"), dpi=110)
   plt.close(fig)

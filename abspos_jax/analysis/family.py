@@ -9,8 +9,11 @@ every run's ``summary.json``:
   variants), the sink rate and ``position0.norm_ratio`` (embedding included);
 * ``fingerprint``: ``fingerprint.bos`` and ``fingerprint.no_bos`` per depth
   (``L + 1`` entries);
-* ``interventions``: the fraction of the residual-stream component each
-  intervention removes, pooled and at early queries.
+* ``interventions``: per intervention, the fraction of the residual-stream
+  component it removes (``pooled``, ``early``; null in a run where the
+  component before is not clearly non-zero, so a mean is over the runs that
+  have one) and the change of that component (after - before covariance,
+  nats^2: ``change``, ``change_early``).
 
 and writes ``family.json`` (means, stds over seeds with ddof 1, and the seed
 values) plus ``family_layers.png``, ``family_interventions.png`` and
@@ -63,7 +66,10 @@ def _stat(values: list[np.ndarray]) -> dict:
 
 
 def summarise(groups: dict[str, list[dict]]) -> dict:
-  """``{group: {"layers": {key: stat}, "interventions": {name: {"pooled": stat, "early": stat}}}}``.
+  """``{group: {"layers": {key: stat}, "interventions": {name: {scope: stat}}}}``.
+
+  ``scope``: ``pooled`` and ``early`` (the residual-stream removed fraction),
+  ``change`` and ``change_early`` (its change, nats^2).
 
   ``groups`` maps a group label to its runs' ``summary.json`` dicts.
   """
@@ -79,8 +85,9 @@ def summarise(groups: dict[str, list[dict]]) -> dict:
       found = [_lookup(s, path) for s in summaries]
       if all(isinstance(f, dict) for f in found):
         entry["interventions"][name] = {
-            scope: _stat([_array(f.get(f"residual_stream_removed{suffix}")) for f in found])
-            for scope, suffix in (("pooled", ""), ("early", "_early"))}
+            scope: _stat([_array(f.get(f"residual_stream_{what}{suffix}")) for f in found])
+            for scope, what, suffix in (("pooled", "removed", ""), ("early", "removed", "_early"),
+                                        ("change", "change", ""), ("change_early", "change", "_early"))}
     out[label] = entry
   return out
 
@@ -147,23 +154,31 @@ def _interventions_figure(table: dict, path: str) -> None:
   labels = [k for k in table if table[k]["interventions"]]
   if not labels:
     return
-  fig, axes = plt.subplots(1, 2, figsize=(max(8, 1.6 * len(labels) * 2), 3.6), sharey=True)
+  fig, axes = plt.subplots(2, 2, figsize=(max(8, 1.6 * len(labels) * 2), 7.0), sharey="row", squeeze=False)
   width = 0.8 / len(INTERVENTIONS)
   x = np.arange(len(labels))
-  for ax, scope in zip(axes, ("early", "pooled")):
-    for k, name in enumerate(INTERVENTIONS):
-      means = [(_array(table[g]["interventions"][name][scope]["mean"])[0]
-                if name in table[g]["interventions"] else np.nan) for g in labels]
-      errs = [np.nan_to_num(_array(table[g]["interventions"][name][scope]["std"])[0])
-              if name in table[g]["interventions"] else 0.0 for g in labels]
-      ax.bar(x + (k - len(INTERVENTIONS) / 2 + 0.5) * width, means, width, yerr=errs, capsize=2, label=name)
-    ax.axhline(0, color="k", lw=0.6)
-    ax.axhline(0.4, color="gray", lw=0.8, ls="--")
-    ax.set_xticks(x)
-    ax.set_xticklabels(labels, rotation=30, ha="right", fontsize=7)
-    ax.set_title(f"residual-stream component removed ({scope} queries)", fontsize=9)
-  axes[0].set_ylabel("fraction removed (dashed: the paper's ~0.4)")
-  axes[1].legend(fontsize=6)
+  for row, (what, unit) in enumerate((("", "fraction removed (dashed: the paper's ~0.4)"),
+                                      ("change", "change, after - before (nats^2)"))):
+    for ax, scope in zip(axes[row], ("early", "pooled")):
+      key = scope if not what else ("change_early" if scope == "early" else "change")
+      for k, name in enumerate(INTERVENTIONS):
+        have = [name in table[g]["interventions"] and key in table[g]["interventions"][name] for g in labels]
+        means = [_array(table[g]["interventions"][name][key]["mean"])[0] if h else np.nan
+                 for g, h in zip(labels, have)]
+        errs = [np.nan_to_num(_array(table[g]["interventions"][name][key]["std"])[0]) if h else 0.0
+                for g, h in zip(labels, have)]
+        ax.bar(x + (k - len(INTERVENTIONS) / 2 + 0.5) * width, means, width, yerr=errs, capsize=2, label=name)
+      ax.axhline(0, color="k", lw=0.6)
+      if not what:
+        ax.axhline(0.4, color="gray", lw=0.8, ls="--")
+      ax.set_xticks(x)
+      ax.set_xticklabels(labels, rotation=30, ha="right", fontsize=7)
+      ax.set_title(f"residual-stream component {'removed' if not what else 'change'} ({scope} queries)",
+                   fontsize=9)
+    axes[row, 0].set_ylabel(unit, fontsize=8)
+  axes[0, 1].legend(fontsize=6)
+  fig.suptitle("Interventions, mean ± std over seeds (a removed fraction exists only where the component before "
+               "is clearly non-zero)", fontsize=9)
   fig.tight_layout()
   fig.savefig(path, dpi=100)
   plt.close(fig)

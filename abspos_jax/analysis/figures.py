@@ -21,6 +21,21 @@ def _values(x) -> np.ndarray:
   return np.array([np.nan if v is None else v for v in x], dtype=float)
 
 
+def ci_errors(values, ci) -> np.ndarray:
+  """``yerr [2, n]`` for ``errorbar``/``bar``: distances from ``values`` to the ``[lo, hi]`` of ``ci``.
+
+  ``ci`` is a list of ``[lo, hi]`` (a summary.json ``*_ci``), or None; missing
+  or null bounds give no bar (0).
+  """
+  values = np.asarray(values, float)
+  bounds = np.full((len(values), 2), np.nan)
+  for i, b in enumerate(ci if ci is not None else []):
+    if b is not None:
+      bounds[i] = [np.nan if v is None else v for v in b]
+  err = np.stack([values - bounds[:, 0], bounds[:, 1] - values])
+  return np.nan_to_num(np.maximum(err, 0.0), nan=0.0)
+
+
 def log_z_by_query(stats: dict, out_dir: str) -> str:
   log_z, log_v = stats["log_z"], stats["log_visible"]  # [L, H, T], [T] or [L, T]
   L, H, T = log_z.shape
@@ -39,17 +54,22 @@ def log_z_by_query(stats: dict, out_dir: str) -> str:
 
 
 def sink_heatmap(stats: dict, summary: dict, out_dir: str) -> str:
+  """Held-out sink scores (``stats["sink_score"]``, odd blocks); the heads chosen on the even blocks boxed."""
   score = stats["sink_score"]
-  fig, ax = plt.subplots(figsize=(1.0 + 0.7 * score.shape[1], 1.0 + 0.55 * score.shape[0]))
-  im = ax.imshow(score, vmin=0, vmax=1, cmap="viridis", aspect="auto")
+  fig, ax = plt.subplots(figsize=(2.2 + 0.7 * score.shape[1], 1.4 + 0.55 * score.shape[0]))
+  im = ax.imshow(np.ma.masked_invalid(score), vmin=0, vmax=1, cmap="viridis", aspect="auto")
   for (l, h), v in np.ndenumerate(score):
-    ax.text(h, l, f"{v:.2f}", ha="center", va="center", color="w" if v < 0.6 else "k", fontsize=8)
+    ax.text(h, l, "n/a" if not np.isfinite(v) else f"{v:.2f}", ha="center", va="center",
+            color="w" if not np.isfinite(v) or v < 0.6 else "k", fontsize=8)
+  for l, h in summary.get("sink_heads", []):
+    ax.add_patch(plt.Rectangle((h - 0.5, l - 0.5), 1, 1, fill=False, ec="r", lw=2))
   ax.set_xlabel("head")
   ax.set_ylabel("layer")
   ax.set_xticks(range(score.shape[1]))
   ax.set_yticks(range(score.shape[0]))
-  fig.colorbar(im, ax=ax, label="mean attention to key 0 (queries i >= 4)")
-  ax.set_title("Sink mass (sink-reading head: > 0.3)")
+  fig.colorbar(im, ax=ax, label="sink score (held out)")
+  ax.set_title("Mean a_i0 over queries i >= 4 that see key 0,\non the odd blocks; boxed: chosen on the even",
+               fontsize=8)
   return _save(fig, out_dir, "sink_mass.png")
 
 
@@ -90,34 +110,49 @@ def components(summary: dict, out_dir: str) -> str:
   for ax, suffix, title in ((axes[0], "", "all queries"), (axes[1], "_early", "early queries (1 <= i < 16)")):
     mask, res = _values(c["causal_mask" + suffix]), _values(c["residual_stream" + suffix])
     x = np.arange(len(mask))
-    ax.bar(x - 0.2, mask, 0.4, label="causal mask")
-    ax.bar(x + 0.2, res, 0.4, label="residual stream")
+    ax.bar(x - 0.2, mask, 0.4, yerr=ci_errors(mask, c.get(f"causal_mask{suffix}_ci")), capsize=3,
+           label="causal mask")
+    ax.bar(x + 0.2, res, 0.4, yerr=ci_errors(res, c.get(f"residual_stream{suffix}_ci")), capsize=3,
+           label="residual stream")
     ax.axhline(0, color="k", lw=0.8)
+    ax.set_xticks(x)
     ax.set_xlabel("layer")
     ax.set_title(title)
   axes[0].set_ylabel("share of query-position leakage of log a")
   axes[0].legend(fontsize=8)
+  fig.suptitle("Leakage components per layer (error bars: 95% jackknife intervals)", fontsize=10)
   return _save(fig, out_dir, "components.png")
 
 
+def intervention_rows(iv: dict) -> list[tuple[str, dict]]:
+  """``(name, entry)`` of every intervention that ran (``bos_replace`` kinds, ``pos0_patch``, ``sink_ablate``)."""
+  rows = [(f"bos_replace[{k}]", v) for k, v in iv.get("bos_replace", {}).items() if isinstance(v, dict)]
+  return rows + [(k, iv[k]) for k in ("pos0_patch", "sink_ablate") if isinstance(iv.get(k), dict)]
+
+
 def interventions(summary: dict, out_dir: str) -> str | None:
+  """The change (after - before, nats^2) of each pooled component per intervention, with its interval."""
   iv = summary.get("interventions")
   if not iv:
     return None
-  rows = [(f"bos_replace[{k}]", v) for k, v in iv["bos_replace"].items() if isinstance(v, dict)]
-  rows += [(k, iv[k]) for k in ("pos0_patch", "sink_ablate")]
-  fig, axes = plt.subplots(1, 2, figsize=(11, 3.4), sharey=True)
+  rows = intervention_rows(iv)
+  if not rows:
+    return None
+  fig, axes = plt.subplots(1, 2, figsize=(11, 3.6))
   for ax, suffix, title in ((axes[0], "", "all queries"), (axes[1], "_early", "early queries")):
     x = np.arange(len(rows))
     for off, comp in ((-0.2, "causal_mask"), (0.2, "residual_stream")):
-      vals = [np.nan if r[f"{comp}_removed{suffix}"] is None else r[f"{comp}_removed{suffix}"] for _, r in rows]
-      ax.bar(x + off, vals, 0.4, label=comp.replace("_", " "))
+      vals = _values([r.get(f"{comp}_change{suffix}") for _, r in rows])
+      ax.bar(x + off, vals, 0.4, yerr=ci_errors(vals, [r.get(f"{comp}_change{suffix}_ci") for _, r in rows]),
+             capsize=3, label=comp.replace("_", " "))
     ax.axhline(0, color="k", lw=0.8)
     ax.set_xticks(x)
     ax.set_xticklabels([name for name, _ in rows], rotation=30, ha="right", fontsize=8)
     ax.set_title(title)
-  axes[0].set_ylabel("fraction of component removed")
+    ax.ticklabel_format(axis="y", style="sci", scilimits=(-2, 3))
+  axes[0].set_ylabel("change of the component's covariance\n(after - before, nats^2)")
   axes[0].legend(fontsize=8)
+  fig.suptitle("Interventions: change of each leakage component (error bars: 95% jackknife intervals)", fontsize=10)
   return _save(fig, out_dir, "interventions.png")
 
 
