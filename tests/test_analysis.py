@@ -60,6 +60,30 @@ def test_repeated_token_without_bos_has_no_residual_stream_component(init_std):
   assert c["pooled"]["residual_stream_var"] < 1e-3 * c["pooled"]["causal_mask_var"]
 
 
+def _clearly_positive(pooled, key):
+  lo, hi = pooled[key + "_ci"]
+  return lo > 0 and lo <= pooled[key] <= hi
+
+
+def test_learned_absolute_positions_are_residual_stream():
+  """The repeated-token model with learned positions: logits depend on (i, j), not on i - j alone."""
+  m = model_lib.create(small_config("learned", **{"model.num_layers": 1, "model.init_std": 0.3}))
+  toks = np.full((8, 16), 65, np.int32)
+  pooled = analyze(m, {"none": toks}, main="none", options=FAST).summary["components"]["pooled"]
+  assert _clearly_positive(pooled, "residual_stream_var"), pooled
+  assert pooled["residual_stream_var"] > 0.3 * pooled["causal_mask_var"], pooled  # measured 2.2x / 0.8x
+
+
+def test_a_distinct_token_at_position_0_is_residual_stream():
+  """The control of the repeated-token test with BOS at position 0: key 0 gets its own logit, an absolute term."""
+  m = model_lib.create(small_config(**{"model.num_layers": 1, "model.init_std": 0.3}))
+  toks = np.full((8, 16), 65, np.int32)
+  toks[:, 0] = BOS_ID
+  pooled = analyze(m, {"prepend": toks}, options=FAST).summary["components"]["pooled"]
+  assert _clearly_positive(pooled, "residual_stream_var"), pooled
+  assert pooled["residual_stream_var"] > 0.3 * pooled["causal_mask_var"], pooled  # measured 2.2x / 0.8x
+
+
 def test_sliding_window_mask_term_constant_after_window():
   r = analyze(model_lib.create(small_config("swa")), sequences(), options=FAST)
   w = 4

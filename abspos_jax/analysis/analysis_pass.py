@@ -206,19 +206,20 @@ def make_baseline_step(graphdef: nnx.GraphDef, design: FEDesign,
   return step
 
 
-def make_intervention_step(graphdef: nnx.GraphDef, visible: jax.Array, design: FEDesign, edits_fn):
+def make_intervention_step(graphdef: nnx.GraphDef, design: FEDesign, edits_fn):
   """``step(params, acc, tokens, seq_ids, source) -> acc`` accumulating leakage and denominators.
 
   ``edits_fn(model, tokens, source)`` builds the edits inside the trace (it may
-  run the model on ``source`` first, as ``pos0_patch`` does). Leakage is
-  measured on the cells of ``design`` (per head for ``sink_ablate``, see
-  ``interventions.sink_cells``), denominators on the model's ``visible``.
+  run the model on ``source`` first, as ``pos0_patch`` does). Both are
+  measured on ``design``: leakage on its cells (per head for ``sink_ablate``,
+  see ``interventions.sink_cells``), the denominator statistics over its keys,
+  from the same pass over the logits (for ``sink_ablate`` the keys each head's
+  softmax sees, so ``excess`` counts ``i`` keys in an ablated head).
   """
   def step(params, acc, tokens, seq_ids, source):
     model = nnx.merge(graphdef, params)
     cap = forward(model, tokens, edits=edits_fn(model, tokens, source))
-    return {"leakage": leakage.update(acc["leakage"], cap["logits"], cap["log_z"], seq_ids, design)[0],
-            "denominators": denominators.update(acc["denominators"], cap["logits"], cap["log_z"], visible,
-                                                seq_ids)}
+    lk, _, qstats = leakage.update(acc["leakage"], cap["logits"], cap["log_z"], seq_ids, design)
+    return {"leakage": lk, "denominators": denominators.accumulate(acc["denominators"], qstats, seq_ids)}
 
   return step

@@ -402,7 +402,7 @@ def _interventions(model, graphdef, params, sequences, main, visible, m, options
     return interventions.pos0_patch(jnp.moveaxis(forward(mdl, src)["resid"][:, :, 0], 1, 0))
 
   def sweep(name: str, edits_fn, cell_design: FEDesign) -> dict:
-    step = jax.jit(make_intervention_step(graphdef, visible, cell_design, edits_fn), donate_argnums=1)
+    step = jax.jit(make_intervention_step(graphdef, cell_design, edits_fn), donate_argnums=1)
     acc = {"leakage": leakage.init(L, H, T, options.num_blocks),
            "denominators": denominators.init(L, H, T, options.num_blocks)}
     return _sweep(lambda a, t, s, src: step(params, a, t, s, src), acc, toks, options, f"intervention[{name}]",
