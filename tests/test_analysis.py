@@ -6,13 +6,18 @@ import subprocess
 import sys
 import types
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
 from abspos_jax import attention, model as model_lib
-from abspos_jax.analysis import AnalysisOptions, Statistic, analyze, analyze_run
+from abspos_jax.analysis import AnalysisOptions, Statistic, analysis_pass, analyze, analyze_run, denominators, \
+    fixed_effects, leakage
+from abspos_jax.analysis.run import layer_visible
 from abspos_jax.data import BOS_ID
+from abspos_jax.hooks import Hooks
 from abspos_jax.train_loop import train
 from conftest import small_config
 
@@ -115,6 +120,48 @@ def test_closedness_catches_a_broken_mask(monkeypatch, batch_size):
   assert min(per_layer[1:]) > 1e-3, per_layer
 
 
+def test_layer_by_layer_folding_equals_all_layers_at_once():
+  """``fold_pass`` (each layer folded as it runs) against the estimators on every layer's captured logits.
+
+  Local and global layers alternate, so each layer has its own design slice.
+  """
+  m = model_lib.create(small_config("swa", **{"model.num_layers": 3, "model.layer_pattern": "LG"}))
+  toks = jnp.asarray(sequences()["prepend"][:6])
+  ids = jnp.arange(6) + 3
+  visible = layer_visible(m.spec, toks.shape[1])
+  design = fixed_effects.make_design(visible)
+  L, H, T = m.spec.num_layers, m.spec.num_heads, toks.shape[1]
+  hooks = Hooks(capture=lambda name: name.startswith("blocks.") and name.endswith(("logits", "log_z")))
+  m(toks, hooks=hooks)
+  logits = jnp.stack([hooks.cache[f"blocks.{l}.attn.logits"] for l in range(L)], 1)
+  log_z = jnp.stack([hooks.cache[f"blocks.{l}.attn.log_z"] for l in range(L)], 1)
+  start = {"leakage": leakage.init(L, H, T, 4), "denominators": denominators.init(L, H, T, 4)}
+  for _ in range(2):  # the second batch reads the first one's references
+    want_lk, want_zres, _ = leakage.update(start["leakage"], logits, log_z, ids, design)
+    want_den = denominators.update(start["denominators"], logits, log_z, visible, ids)
+    got, _, zres, qstats = jax.jit(lambda a: analysis_pass.fold_pass(m, a, toks, ids, design))(start)
+    for want, have in ((want_lk, got["leakage"]), (want_den, got["denominators"]), (want_zres, zres)):
+      jax.tree.map(lambda w, h: np.testing.assert_allclose(h, w, rtol=1e-5, atol=1e-5), want, have)
+    np.testing.assert_allclose(qstats["entropy"], denominators.query_statistics(logits, log_z, visible)["entropy"],
+                               rtol=1e-5, atol=1e-6)
+    start = got
+
+
+def test_the_pass_holds_one_layer_of_logits():
+  """Compiled scratch memory of the baseline step: flat in depth (before folding: +100 MiB from 2 to 8 layers)."""
+  def scratch_mib(num_layers):
+    m = model_lib.create(small_config(**{"model.num_layers": num_layers, "data.seq_len": 256}))
+    graphdef, params = nnx.split(m, nnx.Param)
+    design = fixed_effects.make_design(layer_visible(m.spec, 256))
+    step = analysis_pass.make_baseline_step(graphdef, design, {})
+    acc = analysis_pass.init_accumulators(m.spec, 256, {}, 16)
+    compiled = jax.jit(step).lower(params, acc, jnp.zeros((8, 256), jnp.int32), jnp.arange(8)).compile()
+    return compiled.memory_analysis().temp_size_in_bytes / 2**20
+
+  one_layer = 8 * 4 * 256 * 256 * 4 / 2**20  # [B, H, T, T] float32: 8 MiB
+  assert scratch_mib(8) - scratch_mib(2) < one_layer
+
+
 def test_batches_accumulate_like_one_batch():
   m, seqs = model_lib.create(small_config()), sequences()
   small = analyze(m, seqs, options=AnalysisOptions(batch_size=4, interventions=False, progress=False))
@@ -131,7 +178,6 @@ def test_user_statistic_at_a_hook_point():
                    finalize=lambda acc: {"mlp0_sq": acc})
   m, seqs = model_lib.create(small_config()), sequences()
   r = analyze(m, {"prepend": seqs["prepend"]}, statistics={"mlp0": stat}, options=FAST)
-  from abspos_jax.hooks import Hooks
   hooks = Hooks(capture=["blocks.0.mlp.out"])
   m(jnp.asarray(seqs["prepend"]), hooks=hooks)
   np.testing.assert_allclose(r.user["mlp0"]["mlp0_sq"], float(jnp.sum(hooks.cache["blocks.0.mlp.out"] ** 2)),

@@ -5,9 +5,11 @@ build pure functions of ``(params, acc, tokens, seq_ids, ...) -> acc`` that run
 the model once through :class:`abspos_jax.hooks.Hooks` (the same attention
 code path as training) and fold the captures into the estimator accumulators
 of this package. The core step (denominators, leakage, position 0) is the part
-of the baseline step that the training-time emergence hook runs. Nothing of
-shape ``[layer, head, query, key]`` leaves the device: accumulators have fixed
-shapes whatever the number of sequences.
+of the baseline step that the training-time emergence hook runs. Each layer's
+``[B, H, T, T]`` logits are folded into the accumulators as soon as the layer
+has run (:func:`forward_folding`), so the pass holds one layer's logits at a
+time, never ``[B, L, H, T, T]``; accumulators are ``O(L * H * T)`` whatever
+the number of sequences.
 """
 
 import dataclasses
@@ -45,26 +47,90 @@ class Statistic:
 
 
 def core_points(num_layers: int) -> list[str]:
+  """The points every analysis forward captures: the residual streams and each layer's ``log Z``."""
   return ([f"resid.{l}" for l in range(num_layers + 1)]
-          + [f"blocks.{l}.attn.{q}" for l in range(num_layers) for q in ("logits", "log_z")])
+          + [f"blocks.{l}.attn.log_z" for l in range(num_layers)])
+
+
+# fold(state, layer, logits [B, H, T, T], log_z [B, H, T]) -> state
+Fold = Callable[[Any, int, jax.Array, jax.Array], Any]
+
+
+class _FoldingHooks(Hooks):
+  """Hooks that hand each layer's logits and ``log Z`` to ``fold`` as soon as the layer has computed them.
+
+  The block's output then passes an optimisation barrier together with the
+  state, so layer ``l + 1`` starts only after layer ``l`` is folded: XLA cannot
+  defer the folds to the end and keep every layer's ``[B, H, T, T]`` alive.
+  """
+
+  def __init__(self, edits, capture, fold: Fold, state: Any):
+    super().__init__(edits, capture)
+    self.fold, self.state, self._logits = fold, state, None
+
+  def __call__(self, name: str, value: jax.Array) -> jax.Array:
+    value = super().__call__(name, value)
+    if name.endswith(".attn.logits"):
+      self._logits = value
+    elif name.endswith(".attn.log_z"):
+      self.state = self.fold(self.state, int(name.split(".")[1]), self._logits, value)
+      self._logits = None
+    elif name.startswith("resid.") and name != "resid.0":
+      value, self.state = jax.lax.optimization_barrier((value, self.state))
+    return value
+
+
+def forward_folding(model: Decoder, tokens: jax.Array, fold: Fold | None = None, state: Any = None,
+                    edits: Mapping[str, Edit] | None = None,
+                    extra_points: tuple[str, ...] = ()) -> tuple[dict[str, jax.Array], Any]:
+  """Run ``model`` on ``tokens [B, T]``, folding each layer's attention into ``state`` while it runs.
+
+  ``fold(state, l, logits [B, H, T, T], log_z [B, H, T])`` sees the logits
+  after any edit. Returns ``(captures, state)``; captures: ``log_z [B, L, H, T]``,
+  ``resid [B, L+1, T, D]`` (float32), ``output [B, T, V]`` and every point of
+  ``extra_points`` under its own name. Peak memory holds one layer's logits.
+  """
+  n = model.spec.num_layers
+  capture = set(core_points(n)) | set(extra_points)
+  hooks = Hooks(edits, capture) if fold is None else _FoldingHooks(edits, capture, fold, state)
+  output = model(tokens, hooks=hooks)
+  c = hooks.cache
+  cap = {"output": output,
+         "log_z": jnp.stack([c[f"blocks.{l}.attn.log_z"] for l in range(n)], 1),
+         "resid": jnp.stack([c[f"resid.{l}"] for l in range(n + 1)], 1).astype(jnp.float32),
+         **{p: c[p] for p in extra_points}}
+  return cap, (state if fold is None else hooks.state)
 
 
 def forward(model: Decoder, tokens: jax.Array, edits: Mapping[str, Edit] | None = None,
             extra_points: tuple[str, ...] = ()) -> dict[str, jax.Array]:
-  """Run ``model`` on ``tokens [B, T]`` and stack the captures.
+  """The captures of :func:`forward_folding` without a fold (no logits are kept)."""
+  return forward_folding(model, tokens, edits=edits, extra_points=extra_points)[0]
 
-  Returns ``logits [B, L, H, T, T]``, ``log_z [B, L, H, T]``, ``resid [B, L+1, T, D]``,
-  ``output [B, T, V]`` and every point in ``extra_points`` under its own name.
+
+def fold_pass(model: Decoder, acc: dict, tokens: jax.Array, seq_ids: jax.Array, design: FEDesign,
+              edits: Mapping[str, Edit] | None = None, extra_points: tuple[str, ...] = ()
+              ) -> tuple[dict, dict[str, jax.Array], jax.Array, dict[str, jax.Array]]:
+  """One forward with the leakage and denominator statistics folded in layer by layer.
+
+  ``acc`` holds ``leakage`` and ``denominators`` accumulators (other keys are
+  passed through); the statistics are measured on ``design``'s cells and keys
+  (:func:`leakage.update_layer`). Returns ``(acc, captures, zres, qstats)``:
+  ``zres [B, L, H, T]`` the residual part of ``log Z`` and ``qstats`` the
+  denominator statistics (each ``[B, L, H, T]``), both from the leakage's one
+  pass over each layer's logits.
   """
-  n = model.spec.num_layers
-  hooks = Hooks(edits, capture=set(core_points(n)) | set(extra_points))
-  output = model(tokens, hooks=hooks)
-  c = hooks.cache
-  return {"output": output,
-          "logits": jnp.stack([c[f"blocks.{l}.attn.logits"] for l in range(n)], 1),
-          "log_z": jnp.stack([c[f"blocks.{l}.attn.log_z"] for l in range(n)], 1),
-          "resid": jnp.stack([c[f"resid.{l}"] for l in range(n + 1)], 1).astype(jnp.float32),
-          **{p: c[p] for p in extra_points}}
+  def fold(state, layer, logits, log_z):
+    lk, zres, q = leakage.update_layer(state["leakage"], layer, logits, log_z, seq_ids, design)
+    return {"leakage": lk, "denominators": denominators.accumulate_layer(state["denominators"], layer, q, seq_ids),
+            "zres": (*state["zres"], zres), "qstats": (*state["qstats"], q)}
+
+  start = {"leakage": acc["leakage"], "denominators": acc["denominators"], "zres": (), "qstats": ()}
+  cap, state = forward_folding(model, tokens, fold, start, edits, extra_points)
+  qstats = {k: jnp.stack([q[k] for q in state["qstats"]], 1) for k in state["qstats"][0]}
+  out = {**acc, "leakage": leakage.count(state["leakage"], seq_ids),
+         "denominators": denominators.count(state["denominators"], seq_ids)}
+  return out, cap, jnp.stack(state["zres"], 1), qstats
 
 
 def attention_features(stats: dict[str, jax.Array]) -> jax.Array:
@@ -93,25 +159,22 @@ def init_core(spec, seq_len: int, num_blocks: int, num_groups: int | None = None
           "position0": position0.init(L, D, spec.vocab_size if num_groups is None else num_groups)}
 
 
-def update_core(acc: dict, cap: dict[str, jax.Array], tokens: jax.Array, seq_ids: jax.Array, design: FEDesign,
-                x0_groups: jax.Array | None = None) -> tuple[dict, jax.Array, dict[str, jax.Array]]:
-  """Folds one batch into the core accumulators of :func:`init_core` (other keys of ``acc`` are ignored).
+def update_core(model: Decoder, acc: dict, tokens: jax.Array, seq_ids: jax.Array, design: FEDesign,
+                x0_groups: jax.Array | None = None, extra_points: tuple[str, ...] = ()
+                ) -> tuple[dict, dict[str, jax.Array], jax.Array, dict[str, jax.Array]]:
+  """One forward of ``model`` on ``tokens [B, T]`` folded into the core accumulators of :func:`init_core`.
 
-  ``cap`` is :func:`forward` on ``tokens [B, T]``, ``seq_ids [B]`` pick the
-  blocks, ``design`` is ``fixed_effects.make_design`` of the model's mask.
+  Other keys of ``acc`` pass through. ``seq_ids [B]`` pick the blocks,
+  ``design`` is ``fixed_effects.make_design`` of the model's mask.
   ``x0_groups [V]`` int maps a first token to its fingerprint group (a dense
   index over the first tokens that occur), so the per-group accumulator is
   ``[groups, L+1, D]`` rather than ``[V, L+1, D]`` (gigabytes for a 32k-150k
-  vocabulary); None groups by the token id itself. Returns ``(acc, zres,
-  qstats)``: the residual part of ``log Z`` per sequence ``[B, L, H, T]`` and
-  ``denominators.query_statistics`` of the batch (each ``[B, L, H, T]``), both
-  from the leakage's one pass over the logits.
+  vocabulary); None groups by the token id itself. Returns ``(acc, captures,
+  zres, qstats)`` as :func:`fold_pass`.
   """
-  lk, zres, qstats = leakage.update(acc["leakage"], cap["logits"], cap["log_z"], seq_ids, design)
-  return {"denominators": denominators.accumulate(acc["denominators"], qstats, seq_ids),
-          "leakage": lk,
-          "position0": position0.update(acc["position0"], cap["resid"],
-                                        tokens if x0_groups is None else x0_groups[tokens[:, :1]])}, zres, qstats
+  acc, cap, zres, qstats = fold_pass(model, acc, tokens, seq_ids, design, extra_points=extra_points)
+  groups = tokens if x0_groups is None else x0_groups[tokens[:, :1]]
+  return {**acc, "position0": position0.update(acc["position0"], cap["resid"], groups)}, cap, zres, qstats
 
 
 def make_core_step(graphdef: nnx.GraphDef, design: FEDesign,
@@ -122,8 +185,7 @@ def make_core_step(graphdef: nnx.GraphDef, design: FEDesign,
   the baseline step without the closedness forward, the probes and the loss.
   """
   def step(params, acc, tokens, seq_ids):
-    cap = forward(nnx.merge(graphdef, params), tokens)
-    return update_core(acc, cap, tokens, seq_ids, design, x0_groups)[0]
+    return update_core(nnx.merge(graphdef, params), acc, tokens, seq_ids, design, x0_groups)[0]
 
   return step
 
@@ -165,12 +227,16 @@ def make_baseline_step(graphdef: nnx.GraphDef, design: FEDesign,
 
   The core statistics (:func:`update_core`, ``design`` and ``x0_groups`` as
   there), the closedness check, the probes, the loss and the user statistics.
-  The closedness check takes the first ``k = min(closedness_sequences, B)``
-  sequences of every batch, runs them as they are and with every token after
-  position 0 changed (:func:`closedness_inputs`), and keeps the largest change
-  of ``h_0`` per layer; with ``k = B`` the batch's own forward is the first of
-  the two. Extra cost per batch: two forwards of ``k`` sequences (one forward
-  of ``B`` when ``k = B``).
+  The closedness check runs on the batches that start within the first
+  ``closedness_sequences`` sequences (``seq_ids[0] < closedness_sequences``;
+  the others skip it under a ``lax.cond``): it takes the batch's first ``k =
+  min(closedness_sequences, B)`` sequences, runs them as they are and with
+  every token after position 0 changed (:func:`closedness_inputs`), and keeps
+  the largest change of ``h_0`` per layer; with ``k = B`` the batch's own
+  forward is the first of the two. A causal leak moves ``h_0`` on any
+  sequence, so a few sequences per sweep make the check, and its cost stays
+  that of two forwards of ``k`` sequences per sweep, whatever the number of
+  batches (at 2,048 tokens a batch may hold one or two sequences).
   """
   if closedness_sequences < 1:
     raise ValueError(f"closedness_sequences (AnalysisOptions.closedness_sequences) must be >= 1, "
@@ -179,17 +245,19 @@ def make_baseline_step(graphdef: nnx.GraphDef, design: FEDesign,
 
   def step(params, acc, tokens, seq_ids):
     model = nnx.merge(graphdef, params)
-    cap = forward(model, tokens, extra_points=extra)
-    # Same x_0, different tokens after it: position 0 must not move. A causal leak shows on any
-    # sequence, so a few per batch keep the check at a fraction of a forward. Both sides come from
-    # forwards of the same shape: a causal model then gives bitwise-equal h_0, whereas a [k, T] and
-    # a [B, T] forward may round differently (~1e-5).
+    core, cap, zres, qstats = update_core(model, acc, tokens, seq_ids, design, x0_groups, extra)
+    # Same x_0, different tokens after it: position 0 must not move. Both sides come from forwards of
+    # the same shape: a causal model then gives bitwise-equal h_0, whereas a [k, T] and a [B, T]
+    # forward may round differently (~1e-5).
     k = min(closedness_sequences, tokens.shape[0])
-    other = closedness_inputs(tokens, k, model.spec.vocab_size)
-    same = cap["resid"] if k == tokens.shape[0] else forward(model, tokens[:k])["resid"]
-    closedness = position0.closedness_max_abs_diff(same, forward(model, other)["resid"])
+
+    def check() -> jax.Array:
+      other = closedness_inputs(tokens, k, model.spec.vocab_size)
+      same = cap["resid"] if k == tokens.shape[0] else forward(model, tokens[:k])["resid"]
+      return position0.closedness_max_abs_diff(same, forward(model, other)["resid"])
+
+    closedness = jax.lax.cond(seq_ids[0] < closedness_sequences, check, lambda: jnp.zeros_like(acc["closedness"]))
     n = tokens.shape[0] * (tokens.shape[1] - 1)
-    core, zres, qstats = update_core(acc, cap, tokens, seq_ids, design, x0_groups)
     out = {
         **core,
         "probe_resid": probes.update(acc["probe_resid"], cap["resid"], seq_ids),
@@ -218,8 +286,6 @@ def make_intervention_step(graphdef: nnx.GraphDef, design: FEDesign, edits_fn):
   """
   def step(params, acc, tokens, seq_ids, source):
     model = nnx.merge(graphdef, params)
-    cap = forward(model, tokens, edits=edits_fn(model, tokens, source))
-    lk, _, qstats = leakage.update(acc["leakage"], cap["logits"], cap["log_z"], seq_ids, design)
-    return {"leakage": lk, "denominators": denominators.accumulate(acc["denominators"], qstats, seq_ids)}
+    return fold_pass(model, acc, tokens, seq_ids, design, edits=edits_fn(model, tokens, source))[0]
 
   return step

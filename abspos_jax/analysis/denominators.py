@@ -29,7 +29,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from abspos_jax.analysis import fixed_effects as fe
+from abspos_jax.analysis import fixed_effects as fe, layers
 
 QUANTITIES = ("log_z", "excess", "entropy", "max_weight", "sink_mass")
 
@@ -91,17 +91,31 @@ def update(acc: dict, logits: jax.Array, log_z: jax.Array, visible: jax.Array, s
 
 def accumulate(acc: dict, stats: dict[str, jax.Array], seq_ids: jax.Array) -> dict:
   """Adds a batch's ``query_statistics`` (each ``[B, L, H, T]``), computed once by a caller that also uses them."""
+  for layer in range(stats["log_z"].shape[1]):
+    acc = accumulate_layer(acc, layer, {q: v[:, layer] for q, v in stats.items()}, seq_ids)
+  return count(acc, seq_ids)
+
+
+def accumulate_layer(acc: dict, layer: int, stats: dict[str, jax.Array], seq_ids: jax.Array) -> dict:
+  """Adds one layer's statistics (each ``[B, H, T]``) to ``acc``'s slice ``layer``; ``n`` is left to :func:`count`."""
+  part = layers.view(acc, layer)
   num_blocks = acc["n"].shape[0]
   onehot = jax.nn.one_hot(seq_ids % num_blocks, num_blocks, dtype=jnp.float32)
-  out = dict(n=acc["n"] + onehot.sum(0))
+  out = dict(n=part["n"])
   seen = acc["n"].sum() > 0
   for q in QUANTITIES:
-    x = stats[q].astype(jnp.float32)
-    ref = jnp.where(seen, acc[q]["ref"], x.mean(0))
+    x = stats[q].astype(jnp.float32)[:, None]
+    ref = jnp.where(seen, part[q]["ref"], x.mean(0))
     y = x - ref
     add = lambda a, v: a + jnp.einsum("bk,b...->k...", onehot, v, precision=fe.HIGHEST)  # noqa: E731
-    out[q] = dict(s1=add(acc[q]["s1"], y), s2=add(acc[q]["s2"], y * y), ref=ref)
-  return out
+    out[q] = dict(s1=add(part[q]["s1"], y), s2=add(part[q]["s2"], y * y), ref=ref)
+  return layers.write(acc, layer, out)
+
+
+def count(acc: dict, seq_ids: jax.Array) -> dict:
+  """``acc`` with the batch's sequences (``seq_ids [B]``) counted in their blocks."""
+  num_blocks = acc["n"].shape[0]
+  return {**acc, "n": acc["n"] + jax.nn.one_hot(seq_ids % num_blocks, num_blocks, dtype=jnp.float32).sum(0)}
 
 
 def _slope(x: jax.Array, y: jax.Array, counts: jax.Array) -> jax.Array:

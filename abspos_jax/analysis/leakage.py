@@ -57,7 +57,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from abspos_jax.analysis import denominators, fixed_effects as fe
+from abspos_jax.analysis import denominators, fixed_effects as fe, layers
 
 SUMS = ("os", "qs", "qq", "qr")  # per offset, per query, per query of y^2, per query of y * ref
 _BASE = ("var_phi", "var_total", "cov_mask", "cov_res", "var_mask", "var_res")
@@ -179,19 +179,46 @@ def update(acc: dict, logits: jax.Array, log_z: jax.Array, seq_ids: jax.Array,
     seq_ids: int ``[B]``; sequence ``b`` goes to block ``seq_ids[b] % K``.
     design: ``fixed_effects.make_design(cells)`` with cells ``[T, T]``,
       ``[L, T, T]`` or ``[L, H, T, T]``.
+
+  The same as :func:`update_layer` for every layer, then :func:`count`.
   """
-  log_z = log_z.astype(jnp.float32)
+  zres, qstats = [], []
+  for layer in range(logits.shape[1]):
+    acc, z, q = update_layer(acc, layer, logits[:, layer], log_z[:, layer], seq_ids, design)
+    zres.append(z)
+    qstats.append(q)
+  return count(acc, seq_ids), jnp.stack(zres, 1), {k: jnp.stack([q[k] for q in qstats], 1) for k in qstats[0]}
+
+
+def update_layer(acc: dict, layer: int, logits: jax.Array, log_z: jax.Array, seq_ids: jax.Array,
+                 design: fe.FEDesign) -> tuple[dict, jax.Array, dict]:
+  """Folds one layer: ``logits [B, H, T, T]``, ``log_z [B, H, T]`` into ``acc``'s slice ``layer`` (static).
+
+  Returns ``(acc, zres [B, H, T], qstats)`` (each ``[B, H, T]``). The sequence
+  count ``n`` is not touched: call :func:`count` once per batch, after the last
+  layer (the first batch's references are taken while ``n`` is still 0).
+  """
+  part = layers.view(acc, layer)
+  d = layers.design(design, layer)
+  log_z = log_z.astype(jnp.float32)[:, None]
+  logits = logits[:, None]
   num_blocks = acc["n"].shape[0]
-  first = jax.lax.cond(acc["n"].sum() > 0, lambda: (acc["s"]["ref"], acc["loga"]["ref"]),
-                       lambda: offset_profile(design, logits[0], log_z[0]))
-  # One sequence at a time, so that each step's [L, H, T, T] stays in cache.
-  sums, zres, qstats = jax.lax.map(lambda x: sequence_sums(design, *first, *x), (logits, log_z))
+  first = jax.lax.cond(acc["n"].sum() > 0, lambda: (part["s"]["ref"], part["loga"]["ref"]),
+                       lambda: offset_profile(d, logits[0], log_z[0]))
+  # One sequence at a time, so that each step's [H, T, T] stays in cache.
+  sums, zres, qstats = jax.lax.map(lambda x: sequence_sums(d, *first, *x), (logits, log_z))
   onehot = jax.nn.one_hot(seq_ids % num_blocks, num_blocks, dtype=jnp.float32)
   add = lambda a, x: a + jnp.einsum("bk,b...->k...", onehot, x, precision=fe.HIGHEST)  # noqa: E731
-  out = {name: {**{k: add(acc[name][k], sums[f"{name}_{k}"]) for k in SUMS}, "ref": ref}
+  out = {name: {**{k: add(part[name][k], sums[f"{name}_{k}"]) for k in SUMS}, "ref": ref}
          for name, ref in (("s", first[0]), ("loga", first[1]))}
-  out.update(lz=add(acc["lz"], sums["lz"]), zm=add(acc["zm"], sums["zm"]), n=acc["n"] + onehot.sum(0))
-  return out, zres, qstats
+  out.update(lz=add(part["lz"], sums["lz"]), zm=add(part["zm"], sums["zm"]), n=part["n"])
+  return layers.write(acc, layer, out), zres[:, 0], {k: v[:, 0] for k, v in qstats.items()}
+
+
+def count(acc: dict, seq_ids: jax.Array) -> dict:
+  """``acc`` with the batch's sequences (``seq_ids [B]``) counted in their blocks."""
+  num_blocks = acc["n"].shape[0]
+  return {**acc, "n": acc["n"] + jax.nn.one_hot(seq_ids % num_blocks, num_blocks, dtype=jnp.float32).sum(0)}
 
 
 def _half_weights(keep: jax.Array) -> jax.Array:

@@ -39,7 +39,7 @@ class AnalysisOptions:
   probe_ridge: float = 1e-2
   interventions: bool = True
   bos_replace_token: int = 10  # the "another token" of bos_replace: newline
-  closedness_sequences: int = 4  # per batch, how many sequences the closedness check reruns
+  closedness_sequences: int = 4  # how many sequences per sweep (the first ones) the closedness check reruns
   num_blocks: int = 16  # sequence blocks (seq_id % num_blocks) of the cross-fit halves and the jackknife
   progress: bool = True
 
@@ -81,14 +81,15 @@ def _sweep(step, acc, tokens: np.ndarray, options: AnalysisOptions, desc: str, *
 
   ``step`` donates ``acc``; the initial leaves are copied first because init
   functions may hand one zeros array to several leaves, and a buffer cannot be
-  donated twice.
+  donated twice. The bar advances when a batch has been computed, not when it
+  has been dispatched.
   """
   acc = jax.tree.map(jnp.copy, acc)
   with _bar(len(tokens), desc, options.progress) as bar:
     for start in range(0, len(tokens), options.batch_size):
       stop = min(start + options.batch_size, len(tokens))
       args = [jnp.asarray(x[start:stop]) for x in extra]
-      acc = step(acc, jnp.asarray(tokens[start:stop]), jnp.arange(start, stop), *args)
+      acc = jax.block_until_ready(step(acc, jnp.asarray(tokens[start:stop]), jnp.arange(start, stop), *args))
       bar.update(stop - start)
   return acc
 
