@@ -20,7 +20,10 @@ _OUT = flags.DEFINE_string("out", None, "Output directory (default: WORKDIR/anal
 _NUM = flags.DEFINE_integer("num_sequences", 256, "Held-out sequences per BOS policy.")
 _SPLIT = flags.DEFINE_string("split", "validation", "Data split the sequences come from.")
 _SEQ_LEN = flags.DEFINE_integer("seq_len", None, "Tokens per sequence (default and maximum: the trained length).")
-_BATCH = flags.DEFINE_integer("batch_size", 32, "Sequences per jitted pass.")
+_BATCH = flags.DEFINE_integer("batch_size", 32, "Largest number of sequences per jitted pass (smaller where a batch "
+                              "would exceed --memory_budget_gb).")
+_BUDGET = flags.DEFINE_float("memory_budget_gb", None, "GiB one analysis step may allocate (default: half the memory "
+                             "free at the start); the batch size is the largest that fits.")
 _CLOSEDNESS = flags.DEFINE_integer("closedness_sequences", 4, "Sequences per sweep (the first ones) the position-0 "
                                    "closedness check reruns (docs/analysis.md).", lower_bound=1)
 _NO_INTERVENTIONS = flags.DEFINE_bool("skip_interventions", False, "Skip the intervention sweep.")
@@ -61,7 +64,8 @@ def main(argv):
     if _BATCH.value < 1:
       raise ValueError(f"--batch_size must be >= 1, got {_BATCH.value}")
     options = AnalysisOptions(batch_size=_BATCH.value, interventions=not _NO_INTERVENTIONS.value,
-                              closedness_sequences=_CLOSEDNESS.value)
+                              closedness_sequences=_CLOSEDNESS.value, memory_budget_gb=_BUDGET.value)
+    options.validate()
     if _ALL_STEPS.value:
       records = analyze_all_steps(_WORKDIR.value, out=_OUT.value, num_sequences=_NUM.value, split=_SPLIT.value,
                                   seq_len=_SEQ_LEN.value, options=options)

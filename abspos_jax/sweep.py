@@ -14,7 +14,7 @@ A sweep file is an ml_collections Python file whose ``get_config()`` returns
 - ``vary``: ``((field, (values...)), ...)``; the runs are the Cartesian product,
   the first field outermost (a field also in ``overrides`` takes its values from here);
 - ``analyze``: ``enabled`` and the ``analyze.py`` flags of each run
-  (``num_sequences``, ``skip_interventions``, ``batch_size``, ``split``, ``seq_len``);
+  (``num_sequences``, ``skip_interventions``, ``batch_size``, ``memory_budget_gb``, ``split``, ``seq_len``);
 - ``seeds_together``: train the runs that differ only in ``train.seed`` as one
   ``train.py --seeds=...`` command;
 - ``slurm``: the options of ``--launch=slurm``.
@@ -53,7 +53,7 @@ SHORT_NAMES = {
     "train.learning_rate": "lr", "train.weight_decay": "wd", "model.window": "W", "model.num_heads": "H",
 }
 # analyze.py flags a sweep may set per run (workdir, step and out are the sweep's to choose).
-ANALYZE_FLAGS = ("num_sequences", "skip_interventions", "batch_size", "split", "seq_len")
+ANALYZE_FLAGS = ("num_sequences", "skip_interventions", "batch_size", "memory_budget_gb", "split", "seq_len")
 SLURM_FIELDS = ("partition", "time", "gpus_per_task", "cpus_per_task", "max_parallel", "setup", "extra")
 SWEEP_FIELDS = ("base", "overrides", "vary", "analyze", "seeds_together", "slurm")
 

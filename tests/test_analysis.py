@@ -14,7 +14,7 @@ from flax import nnx
 
 from abspos_jax import attention, model as model_lib
 from abspos_jax.analysis import AnalysisOptions, Statistic, analysis_pass, analyze, analyze_run, denominators, \
-    fixed_effects, leakage
+    fixed_effects, leakage, memory
 from abspos_jax.analysis.run import layer_visible
 from abspos_jax.data import BOS_ID
 from abspos_jax.hooks import Hooks
@@ -160,6 +160,35 @@ def test_the_pass_holds_one_layer_of_logits():
 
   one_layer = 8 * 4 * 256 * 256 * 4 / 2**20  # [B, H, T, T] float32: 8 MiB
   assert scratch_mib(8) - scratch_mib(2) < one_layer
+
+
+def test_choose_batch_size_from_a_linear_memory_model():
+  """A step that allocates ``100 + 10 B`` bytes: budget 165 -> B = 6 (160 bytes), 2 compilations plus the check."""
+  compiled = []
+
+  def compile_for(b):
+    compiled.append(b)
+    return types.SimpleNamespace(memory_analysis=lambda: types.SimpleNamespace(
+        temp_size_in_bytes=100 + 10 * b, output_size_in_bytes=7, alias_size_in_bytes=7))
+
+  assert memory.choose_batch_size(compile_for, 32, 165) == (6, 160) and compiled == [32, 1, 6]
+  assert memory.choose_batch_size(compile_for, 32, 10**6) == (32, 420)
+  with pytest.raises(ValueError, match="one sequence does not fit.*memory_budget_gb"):
+    memory.choose_batch_size(compile_for, 32, 109)
+
+
+def test_memory_budget_sets_the_batch_size():
+  m, seqs = model_lib.create(small_config()), sequences()
+  whole = analyze(m, seqs, options=AnalysisOptions(batch_size=12, interventions=False, progress=False))
+  assert whole.summary["batch_size"] == 12
+  budget = 0.6 * whole.summary["memory"]["step_gib"]
+  small = analyze(m, seqs, options=AnalysisOptions(batch_size=12, interventions=False, progress=False,
+                                                   memory_budget_gb=budget))
+  assert 1 <= small.summary["batch_size"] < 12 and small.summary["memory"]["step_gib"] <= budget
+  for name in ("log_z", "phi_s", "share_res", "probe_resid_r2"):
+    np.testing.assert_allclose(small.stats[name], whole.stats[name], rtol=1e-4, atol=1e-5, err_msg=name)
+  with pytest.raises(ValueError, match="one sequence does not fit"):
+    analyze(m, seqs, options=AnalysisOptions(interventions=False, progress=False, memory_budget_gb=1e-6))
 
 
 def test_batches_accumulate_like_one_batch():

@@ -20,8 +20,8 @@ import numpy as np
 from flax import nnx
 
 from abspos_jax import masks
-from abspos_jax.analysis import (denominators, fixed_effects, intervals, interventions, leakage, position0, probes,
-                                 sinks)
+from abspos_jax.analysis import (denominators, fixed_effects, intervals, interventions, leakage, memory, position0,
+                                 probes, sinks)
 from abspos_jax.analysis.analysis_pass import (Statistic, forward, init_accumulators, make_baseline_step,
                                                make_intervention_step)
 from abspos_jax.analysis.fixed_effects import FEDesign
@@ -32,7 +32,8 @@ POLICIES = ("prepend", "none")
 
 @dataclasses.dataclass(frozen=True)
 class AnalysisOptions:
-  batch_size: int = 32
+  batch_size: int = 32  # the largest batch; smaller where a batch would not fit memory_budget_gb
+  memory_budget_gb: float | None = None  # what a step may allocate; None: half the memory free at the start
   early_max: int = 16  # early queries: 1 <= i < early_max
   sink_epsilon: float = 0.3  # Gu et al. (2024)
   sink_min_query: int = 4
@@ -50,6 +51,8 @@ class AnalysisOptions:
     if self.num_blocks < 2 or self.num_blocks % 2:
       raise ValueError(f"num_blocks (AnalysisOptions.num_blocks) must be an even number >= 2 (half = block % 2), "
                        f"got {self.num_blocks}")
+    if self.memory_budget_gb is not None and not self.memory_budget_gb > 0:
+      raise ValueError(f"memory_budget_gb (AnalysisOptions.memory_budget_gb) must be > 0, got {self.memory_budget_gb}")
     if self.early_max < 2:
       raise ValueError(f"early_max (AnalysisOptions.early_max) must be >= 2, got {self.early_max}")
 
@@ -232,9 +235,11 @@ def analyze(model: Decoder, sequences: Mapping[str, np.ndarray], *, main: str = 
   # Donating the accumulators lets XLA update them in place rather than copy them every batch.
   baseline_step = jax.jit(make_baseline_step(graphdef, design, statistics, jnp.asarray(x0_groups),
                                              options.closedness_sequences), donate_argnums=1)
+  init = functools.partial(init_accumulators, spec, seq_len, statistics, options.num_blocks, num_groups=num_groups)
+  options, step_memory = _fit_batch_size(baseline_step, params, init(), sequences, options)
   finals = {}
   for policy, toks in sequences.items():
-    acc = init_accumulators(spec, seq_len, statistics, options.num_blocks, num_groups=num_groups)
+    acc = init()
     acc = _sweep(lambda a, t, s: baseline_step(params, a, t, s), acc, toks, options, f"analysis[{policy}]")
     finals[policy] = {
         "acc": acc, **jax.jit(finalize_core, static_argnames="options")(acc, visible, design, options),
@@ -247,6 +252,7 @@ def analyze(model: Decoder, sequences: Mapping[str, np.ndarray], *, main: str = 
       "estimators": "v2",
       "main_policy": main, "num_sequences": int(len(sequences[main])), "seq_len": int(seq_len),
       "position": spec.position, "num_layers": L, "num_heads": spec.num_heads,
+      "batch_size": options.batch_size, "memory": step_memory,
       "intervals": {"method": "delete-one-block jackknife over sequence blocks (seq_id % num_blocks), t quantile",
                     "level": intervals.LEVEL, "num_blocks": options.num_blocks,
                     "nonempty_blocks": int((np.asarray(m["acc"]["leakage"]["n"]) > 0).sum())},
@@ -321,6 +327,32 @@ def analyze(model: Decoder, sequences: Mapping[str, np.ndarray], *, main: str = 
     summary["interventions"] = _interventions(model, graphdef, params, sequences, main, visible, m, options)
   user = {name: jax.device_get(stat.finalize(m["acc"]["user"][name])) for name, stat in statistics.items()}
   return AnalysisResult(summary=summary, stats=stats, user=user)
+
+
+def _fit_batch_size(step, params, acc, sequences: Mapping[str, np.ndarray],
+                    options: AnalysisOptions) -> tuple[AnalysisOptions, dict]:
+  """``options`` with the largest batch size (up to ``options.batch_size``) whose baseline step fits the budget.
+
+  The budget is ``memory_budget_gb`` or half the memory free now
+  (:func:`memory.available_bytes`). The compiled programs are the ones the
+  sweep then runs (jit reuses them). Returns the options and the summary's
+  ``memory`` entry.
+  """
+  budget = (memory.available_bytes() // 2 if options.memory_budget_gb is None
+            else int(options.memory_budget_gb * memory.GiB))
+  seq_len = next(iter(sequences.values())).shape[1]
+
+  def compile_for(b: int):
+    return step.lower(params, acc, jax.ShapeDtypeStruct((b, seq_len), jnp.int32),
+                      jax.ShapeDtypeStruct((b,), jnp.int32)).compile()
+
+  largest = min(options.batch_size, max(len(t) for t in sequences.values()))
+  batch, used = memory.choose_batch_size(compile_for, largest, budget,
+                                         what=f"the analysis step at {seq_len} tokens")
+  return dataclasses.replace(options, batch_size=batch), {
+      "budget_gib": budget / memory.GiB, "step_gib": used / memory.GiB,
+      "budget_rule": "memory_budget_gb" if options.memory_budget_gb is not None else "half the memory free at the start",
+      "step_rule": "the compiled baseline step's scratch + outputs - donated buffers (XLA memory analysis)"}
 
 
 def _sink_ablate_heads(sink: dict) -> tuple[np.ndarray, str]:
