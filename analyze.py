@@ -10,9 +10,16 @@ Writes summary.json, stats.npz, PNG figures and report.md (see docs/analysis.md;
 --hf: docs/interop.md; --all_steps and the emergence curves of --compare: docs/emergence.md).
 """
 
+import os
 import sys
 
-from absl import app, flags, logging
+# XLA CPU's multi-threaded Eigen pool can wedge on the jackknife's vmapped program (seen on 2 cores: every
+# worker parked waiting for work, the result never ready; docs/analysis.md). Single-threaded Eigen avoids
+# it at ~10% of the tiny analysis step; set before jax starts, unless the caller chose a setting.
+if "xla_cpu_multi_thread_eigen" not in os.environ.get("XLA_FLAGS", ""):
+  os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_cpu_multi_thread_eigen=false".strip()
+
+from absl import app, flags, logging  # noqa: E402
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory written by train.py.")
 _STEP = flags.DEFINE_integer("step", None, "Checkpoint step (default: the latest).")

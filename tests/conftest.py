@@ -2,9 +2,21 @@
 
 import os
 
-import pytest
+# XLA CPU's multi-threaded Eigen pool wedged in CI: every worker thread parked waiting for work while the
+# main thread waited for the jackknife's vmapped result (py-spy and gdb on the hung worker, 2 cores). With
+# single-threaded Eigen the pool has no such wait. Set before jax initialises its backend; subprocesses
+# inherit it through os.environ (see xla_flags).
+XLA_SAFE = "--xla_cpu_multi_thread_eigen=false"
+os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {XLA_SAFE}".strip()
 
-from abspos_jax.config import base_config
+import pytest  # noqa: E402
+
+from abspos_jax.config import base_config  # noqa: E402
+
+
+def xla_flags(*flags: str) -> str:
+  """``XLA_FLAGS`` for a subprocess: ``flags`` plus this session's (the Eigen setting above)."""
+  return " ".join((*flags, XLA_SAFE))
 
 
 @pytest.fixture(scope="session", autouse=True)

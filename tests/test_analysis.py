@@ -19,7 +19,7 @@ from abspos_jax.analysis.run import layer_visible
 from abspos_jax.data import BOS_ID
 from abspos_jax.hooks import Hooks
 from abspos_jax.train_loop import train
-from conftest import small_config
+from conftest import small_config, xla_flags
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FAST = AnalysisOptions(batch_size=6, interventions=False, progress=False)
@@ -318,7 +318,7 @@ def test_cli_bad_inputs_write_nothing(run_dir, tmp_path):
 
 @pytest.mark.slow
 def test_checkpoint_from_8_devices_analyses_on_one(tmp_path):
-  env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
+  env = {**os.environ, "XLA_FLAGS": xla_flags("--xla_force_host_platform_device_count=8")}
   cmd = [sys.executable, "train.py", "--config=configs/rope.py", f"--workdir={tmp_path}",
          "--config.mesh.shape=(2,2,2)", "--config.mesh.axes=('data','fsdp','tensor')", "--config.model.num_layers=2",
          "--config.model.d_model=32", "--config.data.seq_len=16", "--config.train.batch_size=8",

@@ -24,7 +24,7 @@ from abspos_jax import model as model_lib
 from abspos_jax.analysis import AnalysisOptions, analyze_hf, analyze_run
 from abspos_jax.interop import hf
 from abspos_jax.train_loop import train
-from conftest import small_config
+from conftest import small_config, xla_flags
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOL = 1e-4
@@ -57,7 +57,7 @@ def hf_model(family: str, out, *, std: float = 0.15, shard: str | None = None, t
 
 def env() -> dict:
   """The subprocess environment, read when called (conftest sets ABSPOS_DATA_DIR for the session)."""
-  return {**os.environ, "HF_HUB_OFFLINE": "1", "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
+  return {**os.environ, "HF_HUB_OFFLINE": "1", "XLA_FLAGS": xla_flags("--xla_force_host_platform_device_count=1")}
 
 
 def tokens(t: int = 24, batch: int = 2, seed: int = 0) -> np.ndarray:

@@ -16,6 +16,7 @@ import psutil
 import pytest
 
 from abspos_jax.metrics import read_metrics
+from conftest import xla_flags
 
 pytestmark = pytest.mark.slow
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -28,7 +29,7 @@ RUN = ["--config=configs/rope.py", "--config.model.num_layers=2", "--config.mode
 
 
 def one_process(*args, timeout=300):
-  env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
+  env = {**os.environ, "XLA_FLAGS": xla_flags("--xla_force_host_platform_device_count=8")}
   r = subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
   assert r.returncode == 0, r.stderr[-3000:]
   return r

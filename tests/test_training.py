@@ -11,7 +11,7 @@ import pytest
 from abspos_jax.config import ConfigError
 from abspos_jax.metrics import read_metrics
 from abspos_jax.train_loop import train
-from conftest import small_config
+from conftest import small_config, xla_flags
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMALL = ["--config.model.num_layers=2", "--config.model.d_model=32", "--config.model.num_heads=4",
@@ -23,7 +23,7 @@ SMALL = ["--config.model.num_layers=2", "--config.model.d_model=32", "--config.m
 
 def run_train(workdir, *extra, devices=1):
   env = dict(os.environ)
-  env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+  env["XLA_FLAGS"] = xla_flags(f"--xla_force_host_platform_device_count={devices}")
   r = subprocess.run([sys.executable, "train.py", "--config=configs/rope.py", f"--workdir={workdir}", *SMALL,
                       *extra], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
   assert r.returncode == 0, r.stderr[-3000:]

@@ -1,0 +1,125 @@
+"""Analysis at research scale: tokens/s and peak memory of the analysis step against a plain jitted forward.
+
+    python -m benchmarks.analysis_scale [--shape=12x768x12] [--seq_lens=256,1024,2048] [--num_sequences=2]
+
+For each seq_len, two fresh subprocesses on the same randomly initialised RoPE
+decoder (``--shape`` layers x d_model x heads): one times a plain jitted
+forward (``model(tokens)``, the training path), one the analysis pass's
+baseline step (``analysis_pass.make_baseline_step``, what ``analyze`` runs per
+batch with interventions off) at the batch size ``analyze`` chooses from its
+memory budget (``analysis.memory``), capped at ``--num_sequences``. Both are
+compiled and warmed up first, then timed over ``--num_sequences`` sequences
+(median of ``--repeats``). Peak RSS is the subprocess's maximum resident set
+(``ru_maxrss``), imports and model included.
+"""
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from abspos_jax import model as model_lib
+from abspos_jax.analysis import analysis_pass, fixed_effects, memory
+from abspos_jax.analysis.run import AnalysisOptions, layer_visible
+from benchmarks import common
+from benchmarks.train_throughput import size_config
+
+
+def _model(shape: str, seq_len: int):
+  layers, d_model, heads = (int(x) for x in shape.split("x"))
+  return model_lib.create(size_config(layers, d_model, heads, seq_len, 1), seed=0)
+
+
+def _timed(fn, repeats: int) -> float:
+  jax.block_until_ready(fn())
+  times = []
+  for _ in range(repeats):
+    t0 = time.perf_counter()
+    jax.block_until_ready(fn())
+    times.append(time.perf_counter() - t0)
+  return common.median(times)
+
+
+def child(kind: str, shape: str, seq_len: int, num_sequences: int, repeats: int) -> dict:
+  """One measurement in this process: ``kind`` is ``forward`` or ``analysis``."""
+  m = _model(shape, seq_len)
+  tokens = jnp.asarray(np.random.default_rng(0).integers(0, 256, (num_sequences, seq_len)), jnp.int32)
+  graphdef, params = nnx.split(m, nnx.Param)
+  out = {"kind": kind, "shape": shape, "seq_len": seq_len, "num_sequences": num_sequences}
+  if kind == "forward":
+    fwd = jax.jit(lambda p, t: nnx.merge(graphdef, p)(t))
+    seconds = _timed(lambda: fwd(params, tokens), repeats)
+    batch = num_sequences
+  else:
+    design = fixed_effects.make_design(layer_visible(m.spec, seq_len))
+    step = jax.jit(analysis_pass.make_baseline_step(graphdef, design, {}), donate_argnums=1)
+    acc = analysis_pass.init_accumulators(m.spec, seq_len, {}, AnalysisOptions().num_blocks)
+    budget = memory.available_bytes() // 2
+    batch, used = memory.choose_batch_size(
+        lambda b: step.lower(params, acc, jax.ShapeDtypeStruct((b, seq_len), jnp.int32),
+                             jax.ShapeDtypeStruct((b,), jnp.int32)).compile(), num_sequences, budget)
+    out.update(step_gib=used / memory.GiB, budget_gib=budget / memory.GiB)
+
+    def sweep():
+      a = jax.tree.map(jnp.copy, acc)
+      for start in range(0, num_sequences, batch):
+        a = step(params, a, tokens[start:start + batch], jnp.arange(start, min(start + batch, num_sequences)))
+      return a
+
+    seconds = _timed(sweep, repeats)
+  out.update(batch=batch, seconds=seconds, tokens_per_s=num_sequences * seq_len / seconds,
+             peak_rss_gib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / memory.GiB)
+  return out
+
+
+def main() -> None:
+  p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  p.add_argument("--shape", default="12x768x12", help="layers x d_model x heads")
+  p.add_argument("--seq_lens", default="256,1024,2048")
+  p.add_argument("--num_sequences", type=int, default=2)
+  p.add_argument("--repeats", type=int, default=1)
+  p.add_argument("--json", default="")
+  p.add_argument("--child", default="", help=argparse.SUPPRESS)
+  a = p.parse_args()
+  if a.child:
+    kind, seq_len = a.child.split(":")
+    print(json.dumps(child(kind, a.shape, int(seq_len), a.num_sequences, a.repeats)))
+    return
+  record = {"machine": common.machine(), "rows": []}
+  rows = []
+  for seq_len in (int(x) for x in a.seq_lens.split(",")):
+    got = {}
+    for kind in ("forward", "analysis"):
+      r = subprocess.run([sys.executable, "-m", "benchmarks.analysis_scale", f"--shape={a.shape}",
+                          f"--num_sequences={a.num_sequences}", f"--repeats={a.repeats}",
+                          f"--child={kind}:{seq_len}"], capture_output=True, text=True)
+      if r.returncode:
+        got[kind] = {"error": r.stderr.strip().splitlines()[-1] if r.stderr.strip() else f"exit {r.returncode}"}
+      else:
+        got[kind] = json.loads(r.stdout.strip().splitlines()[-1])
+      print(kind, seq_len, got[kind], flush=True)
+    record["rows"].append(got)
+    f, an = got["forward"], got["analysis"]
+    if "error" in f or "error" in an:
+      rows.append([seq_len, f.get("tokens_per_s", f.get("error")), an.get("tokens_per_s", an.get("error")), "", "", ""])
+    else:
+      rows.append([seq_len, round(f["tokens_per_s"]), round(an["tokens_per_s"]),
+                   round(an["tokens_per_s"] / f["tokens_per_s"], 2), an["batch"],
+                   f"{f['peak_rss_gib']:.1f} / {an['peak_rss_gib']:.1f}"])
+  print(f"machine: {record['machine']}")
+  print(common.markdown_table(["seq_len", "forward tok/s", "analysis tok/s", "analysis / forward", "analysis batch",
+                               "peak RSS GiB (forward / analysis)"], rows))
+  if a.json:
+    with open(a.json, "w") as fh:
+      json.dump(record, fh, indent=1)
+
+
+if __name__ == "__main__":
+  main()
