@@ -34,8 +34,13 @@ def keep_masks(num_blocks: int) -> jax.Array:
 
 
 def evaluate(fn: Callable[[jax.Array], Any], num_blocks: int) -> Any:
-  """``fn(keep)`` for every row of :func:`keep_masks`, stacked on a leading axis (jittable)."""
-  return jax.vmap(fn)(keep_masks(num_blocks))
+  """``fn(keep)`` for every row of :func:`keep_masks`, stacked on a leading axis (jittable).
+
+  One keep at a time (``lax.map``), not vmapped: the ``K + 1`` evaluations
+  would otherwise hold ``K + 1`` copies of every intermediate (the probes'
+  ``[L+1, D+1, D+1]`` systems: gigabytes at d_model 2,048).
+  """
+  return jax.lax.map(fn, keep_masks(num_blocks))
 
 
 def summarize(stacked: Any, block_counts: np.ndarray, level: float = LEVEL) -> dict[str, Any]:
