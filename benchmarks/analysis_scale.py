@@ -18,7 +18,6 @@ import json
 import resource
 import subprocess
 import sys
-import time
 
 import jax
 import jax.numpy as jnp
@@ -29,22 +28,13 @@ from abspos_jax import model as model_lib
 from abspos_jax.analysis import analysis_pass, fixed_effects, memory
 from abspos_jax.analysis.run import AnalysisOptions, layer_visible
 from benchmarks import common
+from benchmarks.scaling import best_ms
 from benchmarks.train_throughput import size_config
 
 
 def _model(shape: str, seq_len: int):
   layers, d_model, heads = (int(x) for x in shape.split("x"))
   return model_lib.create(size_config(layers, d_model, heads, seq_len, 1), seed=0)
-
-
-def _timed(fn, repeats: int) -> float:
-  jax.block_until_ready(fn())
-  times = []
-  for _ in range(repeats):
-    t0 = time.perf_counter()
-    jax.block_until_ready(fn())
-    times.append(time.perf_counter() - t0)
-  return common.median(times)
 
 
 def child(kind: str, shape: str, seq_len: int, num_sequences: int, repeats: int) -> dict:
@@ -55,7 +45,7 @@ def child(kind: str, shape: str, seq_len: int, num_sequences: int, repeats: int)
   out = {"kind": kind, "shape": shape, "seq_len": seq_len, "num_sequences": num_sequences}
   if kind == "forward":
     fwd = jax.jit(lambda p, t: nnx.merge(graphdef, p)(t))
-    seconds = _timed(lambda: fwd(params, tokens), repeats)
+    seconds = best_ms(lambda: fwd(params, tokens), repeats) / 1e3
     batch = num_sequences
   else:
     design = fixed_effects.make_design(layer_visible(m.spec, seq_len))
@@ -73,7 +63,7 @@ def child(kind: str, shape: str, seq_len: int, num_sequences: int, repeats: int)
         a = step(params, a, tokens[start:start + batch], jnp.arange(start, min(start + batch, num_sequences)))
       return a
 
-    seconds = _timed(sweep, repeats)
+    seconds = best_ms(sweep, repeats) / 1e3
   out.update(batch=batch, seconds=seconds, tokens_per_s=num_sequences * seq_len / seconds,
              peak_rss_gib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / memory.GiB)
   return out
