@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from abspos_jax.analysis import denominators, leakage, position0, probes
+from abspos_jax.analysis import denominators, layers, leakage, position0, probes
 from abspos_jax.analysis.fixed_effects import FEDesign
 from abspos_jax.hooks import Edit, Hooks
 from abspos_jax.model import Decoder
@@ -128,8 +128,8 @@ def fold_pass(model: Decoder, acc: dict, tokens: jax.Array, seq_ids: jax.Array, 
   start = {"leakage": acc["leakage"], "denominators": acc["denominators"], "zres": (), "qstats": ()}
   cap, state = forward_folding(model, tokens, fold, start, edits, extra_points)
   qstats = {k: jnp.stack([q[k] for q in state["qstats"]], 1) for k in state["qstats"][0]}
-  out = {**acc, "leakage": leakage.count(state["leakage"], seq_ids),
-         "denominators": denominators.count(state["denominators"], seq_ids)}
+  out = {**acc, "leakage": layers.count(state["leakage"], seq_ids),
+         "denominators": layers.count(state["denominators"], seq_ids)}
   return out, cap, jnp.stack(state["zres"], 1), qstats
 
 

@@ -93,11 +93,14 @@ def accumulate(acc: dict, stats: dict[str, jax.Array], seq_ids: jax.Array) -> di
   """Adds a batch's ``query_statistics`` (each ``[B, L, H, T]``), computed once by a caller that also uses them."""
   for layer in range(stats["log_z"].shape[1]):
     acc = accumulate_layer(acc, layer, {q: v[:, layer] for q, v in stats.items()}, seq_ids)
-  return count(acc, seq_ids)
+  return layers.count(acc, seq_ids)
 
 
 def accumulate_layer(acc: dict, layer: int, stats: dict[str, jax.Array], seq_ids: jax.Array) -> dict:
-  """Adds one layer's statistics (each ``[B, H, T]``) to ``acc``'s slice ``layer``; ``n`` is left to :func:`count`."""
+  """Adds one layer's statistics (each ``[B, H, T]``) to ``acc``'s slice ``layer``.
+
+  ``n`` is left to :func:`layers.count`, once per batch.
+  """
   part = layers.view(acc, layer)
   num_blocks = acc["n"].shape[0]
   onehot = jax.nn.one_hot(seq_ids % num_blocks, num_blocks, dtype=jnp.float32)
@@ -111,11 +114,6 @@ def accumulate_layer(acc: dict, layer: int, stats: dict[str, jax.Array], seq_ids
     out[q] = dict(s1=add(part[q]["s1"], y), s2=add(part[q]["s2"], y * y), ref=ref)
   return layers.write(acc, layer, out)
 
-
-def count(acc: dict, seq_ids: jax.Array) -> dict:
-  """``acc`` with the batch's sequences (``seq_ids [B]``) counted in their blocks."""
-  num_blocks = acc["n"].shape[0]
-  return {**acc, "n": acc["n"] + jax.nn.one_hot(seq_ids % num_blocks, num_blocks, dtype=jnp.float32).sum(0)}
 
 
 def _slope(x: jax.Array, y: jax.Array, counts: jax.Array) -> jax.Array:

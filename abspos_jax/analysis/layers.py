@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 
 from abspos_jax.analysis.fixed_effects import FEDesign
 
@@ -46,3 +47,9 @@ def design(d: FEDesign, layer: int) -> FEDesign:
   if d.visible.ndim == 2:
     return d
   return FEDesign(*(x[layer:layer + 1] for x in d))
+
+
+def count(acc: dict, seq_ids: jax.Array) -> dict:
+  """``acc`` with the batch's sequences (``seq_ids [B]``) counted in their blocks."""
+  num_blocks = acc["n"].shape[0]
+  return {**acc, "n": acc["n"] + jax.nn.one_hot(seq_ids % num_blocks, num_blocks, dtype=jnp.float32).sum(0)}

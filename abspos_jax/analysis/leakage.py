@@ -180,14 +180,15 @@ def update(acc: dict, logits: jax.Array, log_z: jax.Array, seq_ids: jax.Array,
     design: ``fixed_effects.make_design(cells)`` with cells ``[T, T]``,
       ``[L, T, T]`` or ``[L, H, T, T]``.
 
-  The same as :func:`update_layer` for every layer, then :func:`count`.
+  The same as :func:`update_layer` for every layer, then :func:`layers.count`.
   """
   zres, qstats = [], []
   for layer in range(logits.shape[1]):
     acc, z, q = update_layer(acc, layer, logits[:, layer], log_z[:, layer], seq_ids, design)
     zres.append(z)
     qstats.append(q)
-  return count(acc, seq_ids), jnp.stack(zres, 1), {k: jnp.stack([q[k] for q in qstats], 1) for k in qstats[0]}
+  stacked = {k: jnp.stack([q[k] for q in qstats], 1) for k in qstats[0]}
+  return layers.count(acc, seq_ids), jnp.stack(zres, 1), stacked
 
 
 def update_layer(acc: dict, layer: int, logits: jax.Array, log_z: jax.Array, seq_ids: jax.Array,
@@ -195,7 +196,7 @@ def update_layer(acc: dict, layer: int, logits: jax.Array, log_z: jax.Array, seq
   """Folds one layer: ``logits [B, H, T, T]``, ``log_z [B, H, T]`` into ``acc``'s slice ``layer`` (static).
 
   Returns ``(acc, zres [B, H, T], qstats)`` (each ``[B, H, T]``). The sequence
-  count ``n`` is not touched: call :func:`count` once per batch, after the last
+  count ``n`` is not touched: call :func:`layers.count` once per batch, after the last
   layer (the first batch's references are taken while ``n`` is still 0).
   """
   part = layers.view(acc, layer)
@@ -214,11 +215,6 @@ def update_layer(acc: dict, layer: int, logits: jax.Array, log_z: jax.Array, seq
   out.update(lz=add(part["lz"], sums["lz"]), zm=add(part["zm"], sums["zm"]), n=part["n"])
   return layers.write(acc, layer, out), zres[:, 0], {k: v[:, 0] for k, v in qstats.items()}
 
-
-def count(acc: dict, seq_ids: jax.Array) -> dict:
-  """``acc`` with the batch's sequences (``seq_ids [B]``) counted in their blocks."""
-  num_blocks = acc["n"].shape[0]
-  return {**acc, "n": acc["n"] + jax.nn.one_hot(seq_ids % num_blocks, num_blocks, dtype=jnp.float32).sum(0)}
 
 
 def _half_weights(keep: jax.Array) -> jax.Array:
