@@ -131,12 +131,12 @@ def sequence_sums(design: fe.FEDesign, ref_s: jax.Array, ref_l: jax.Array, s: ja
   keys = _heads(design.key_valid, 2)
   log_a = jnp.where(keys, raw - lz[..., None], -jnp.inf)
   a = jnp.exp(log_a)
-  cs = jnp.cumsum(a, axis=-1)
+  cs = _cumsum(a)
   tiny = 1e-30  # a normal float32: XLA's CPU flushes subnormals to 0
 
   def near_keys_too_small() -> jax.Array:  # rare: shift by the query's own logit where the weights underflow
     e = jnp.where(keys, raw - raw[..., :1], -jnp.inf)
-    by_diagonal = raw[..., :1] + jnp.log(jnp.cumsum(jnp.exp(jnp.minimum(e, 80.0)), axis=-1))
+    by_diagonal = raw[..., :1] + jnp.log(_cumsum(jnp.exp(jnp.minimum(e, 80.0))))
     return jnp.where(cs >= tiny, lz[..., None] + jnp.log(jnp.maximum(cs, tiny)), by_diagonal)
 
   cum = jax.lax.cond(jnp.any(keys & (cs < tiny)), near_keys_too_small,
@@ -148,6 +148,24 @@ def sequence_sums(design: fe.FEDesign, ref_s: jax.Array, ref_l: jax.Array, s: ja
   qstats = denominators.weight_statistics(a, jnp.where(keys, log_a, 0.0))
   qstats.update(log_z=lz, excess=lz - jnp.log(_heads(design.key_count, 1)))
   return out, lz - _at_count(design, zmask), qstats
+
+
+def _cumsum(x: jax.Array, block: int = 32) -> jax.Array:
+  """``cumsum`` along the last axis as two small matmuls: ``[..., T] -> [..., T]``.
+
+  With ``T`` padded to ``m * block`` and ``x`` viewed as ``[..., m, block]``,
+  ``cumsum(x)[k, c] = (x[k] @ U_block)[c] + (t @ U'_m)[k]`` where ``t[k]`` is
+  block ``k``'s total, ``U`` the upper-triangular ones and ``U'`` its strict
+  part. 2x faster on CPU than ``jnp.cumsum`` (an associative scan of
+  ``log2 T`` strided passes) for the ``[T, T]`` weights of one head.
+  """
+  t = x.shape[-1]
+  m = -(-t // block)
+  xb = jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, m * block - t)]).reshape(x.shape[:-1] + (m, block))
+  within = jnp.einsum("...kb,bc->...kc", xb, jnp.triu(jnp.ones((block, block), x.dtype)), precision=fe.HIGHEST)
+  before = jnp.einsum("...k,kc->...c", within[..., -1], jnp.triu(jnp.ones((m, m), x.dtype), 1),
+                      precision=fe.HIGHEST)
+  return (within + before[..., None]).reshape(x.shape[:-1] + (m * block,))[..., :t]
 
 
 def _at_count(design: fe.FEDesign, per_n: jax.Array) -> jax.Array:
@@ -191,6 +209,16 @@ def update(acc: dict, logits: jax.Array, log_z: jax.Array, seq_ids: jax.Array,
   return layers.count(acc, seq_ids), jnp.stack(zres, 1), stacked
 
 
+def _head_design(d: fe.FEDesign, head: jax.Array) -> fe.FEDesign:
+  """One head's ``[T, T]`` design from one layer's (``[T, T]``, ``[1, T, T]`` or ``[1, H, T, T]``)."""
+  lead = d.visible.ndim - 2
+  if lead == 0:
+    return d
+  if lead == 1:
+    return fe.FEDesign(*(x[0] for x in d))
+  return fe.FEDesign(*(jax.lax.dynamic_index_in_dim(x[0], head, 0, keepdims=False) for x in d))
+
+
 def update_layer(acc: dict, layer: int, logits: jax.Array, log_z: jax.Array, seq_ids: jax.Array,
                  design: fe.FEDesign) -> tuple[dict, jax.Array, dict]:
   """Folds one layer: ``logits [B, H, T, T]``, ``log_z [B, H, T]`` into ``acc``'s slice ``layer`` (static).
@@ -204,14 +232,24 @@ def update_layer(acc: dict, layer: int, logits: jax.Array, log_z: jax.Array, seq
   log_z = log_z.astype(jnp.float32)[:, None]
   logits = logits[:, None]
   num_blocks = acc["n"].shape[0]
-  first = jax.lax.cond(acc["n"].sum() > 0, lambda: (part["s"]["ref"], part["loga"]["ref"]),
-                       lambda: offset_profile(d, logits[0], log_z[0]))
-  # One sequence at a time, so that each step's [H, T, T] stays in cache.
-  sums, zres, qstats = jax.lax.map(lambda x: sequence_sums(d, *first, *x), (logits, log_z))
+  ref_s, ref_l = jax.lax.cond(acc["n"].sum() > 0, lambda: (part["s"]["ref"], part["loga"]["ref"]),
+                              lambda: offset_profile(d, logits[0], log_z[0]))
+  b, _, h, t, _ = logits.shape
+  # One head of one sequence at a time: its [T, T] temporaries stay in cache and in memory the
+  # allocator reuses (a whole layer's [H, T, T] ones ran 2x slower, half of it the kernel zeroing
+  # fresh pages).
+  def one_head(x):
+    s, lz, head = x
+    return sequence_sums(_head_design(d, head), ref_s[0, head], ref_l[0, head], s, lz)
+
+  sums, zres, qstats = jax.lax.map(one_head, (logits.reshape(b * h, t, t), log_z.reshape(b * h, t),
+                                              jnp.tile(jnp.arange(h), b)))
+  per_layer = lambda x: x.reshape(b, 1, h, t)  # noqa: E731
+  sums, zres, qstats = (jax.tree.map(per_layer, x) for x in (sums, zres, qstats))
   onehot = jax.nn.one_hot(seq_ids % num_blocks, num_blocks, dtype=jnp.float32)
   add = lambda a, x: a + jnp.einsum("bk,b...->k...", onehot, x, precision=fe.HIGHEST)  # noqa: E731
   out = {name: {**{k: add(part[name][k], sums[f"{name}_{k}"]) for k in SUMS}, "ref": ref}
-         for name, ref in (("s", first[0]), ("loga", first[1]))}
+         for name, ref in (("s", ref_s), ("loga", ref_l))}
   out.update(lz=add(part["lz"], sums["lz"]), zm=add(part["zm"], sums["zm"]), n=part["n"])
   return layers.write(acc, layer, out), zres[:, 0], {k: v[:, 0] for k, v in qstats.items()}
 
