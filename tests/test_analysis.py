@@ -15,7 +15,7 @@ from flax import nnx
 from abspos_jax import attention, model as model_lib
 from abspos_jax.analysis import AnalysisOptions, Statistic, analysis_pass, analyze, analyze_run, denominators, \
     fixed_effects, leakage, memory
-from abspos_jax.analysis.run import layer_visible
+from abspos_jax.analysis.run import fingerprint_groups, layer_visible
 from abspos_jax.data import BOS_ID
 from abspos_jax.hooks import Hooks
 from abspos_jax.train_loop import train
@@ -145,6 +145,27 @@ def test_layer_by_layer_folding_equals_all_layers_at_once():
     np.testing.assert_allclose(qstats["entropy"], denominators.query_statistics(logits, log_z, visible)["entropy"],
                                rtol=1e-5, atol=1e-6)
     start = got
+
+
+def test_the_other_policy_step_equals_the_baseline_steps_position0_closedness_and_loss():
+  """The non-main BOS policy runs a plain forward; its fingerprint, closedness and loss sums are the full step's."""
+  m = model_lib.create(small_config())
+  toks = jnp.asarray(sequences()["none"][:6])
+  graphdef, params = nnx.split(m, nnx.Param)
+  _, x0_groups = fingerprint_groups({"none": np.asarray(toks)}, m.spec.vocab_size)
+  design = fixed_effects.make_design(layer_visible(m.spec, toks.shape[1]))
+  full = jax.jit(analysis_pass.make_baseline_step(graphdef, design, {}, jnp.asarray(x0_groups)))
+  light = jax.jit(analysis_pass.make_position0_step(graphdef, jnp.asarray(x0_groups)))
+  groups = int(x0_groups.max()) + 1
+  want = analysis_pass.init_accumulators(m.spec, toks.shape[1], {}, 4, num_groups=groups)
+  got = analysis_pass.init_position0_pass(m.spec, groups)
+  assert set(got) == {"position0", "closedness", "loss_sum", "loss_count"}
+  for ids in (jnp.arange(3), jnp.arange(3, 6)):  # the first batch runs the closedness check, the second skips it
+    want = full(params, want, toks[ids], ids)
+    got = light(params, got, toks[ids], ids)
+    jax.tree.map(lambda w, h: np.testing.assert_allclose(h, w, rtol=1e-5, atol=1e-6),
+                 {k: want[k] for k in got}, got)
+  assert float(got["closedness"].max()) == 0.0 and float(got["loss_count"]) == 6 * (toks.shape[1] - 1)
 
 
 def test_the_pass_holds_one_layer_of_logits():

@@ -198,13 +198,24 @@ def init_accumulators(spec, seq_len: int, user: Mapping[str, Statistic], num_blo
   plus probes, closedness, loss and the user statistics.
   """
   L, H, D = spec.num_layers, spec.num_heads, spec.d_model
-  return {**init_core(spec, seq_len, num_blocks, num_groups),
+  return {**init_core(spec, seq_len, num_blocks, num_groups), **_init_checks(L),
           "probe_resid": probes.init(L + 1, D, num_blocks),
           "probe_attn": probes.init(L, H, num_blocks),
           "probe_attn_raw": probes.init(L, len(ATTENTION_FEATURES) * H, num_blocks),
-          "closedness": jnp.zeros((L + 1,), jnp.float32),
-          "loss_sum": jnp.zeros((), jnp.float32), "loss_count": jnp.zeros((), jnp.float32),
           "user": {name: stat.init() for name, stat in user.items()}}
+
+
+def _init_checks(num_layers: int) -> dict:
+  """Zero accumulators of :func:`_checks`: ``closedness [L+1]`` and the loss sums."""
+  return {"closedness": jnp.zeros((num_layers + 1,), jnp.float32),
+          "loss_sum": jnp.zeros((), jnp.float32), "loss_count": jnp.zeros((), jnp.float32)}
+
+
+def init_position0_pass(spec, num_groups: int | None = None) -> dict:
+  """Zero accumulators of :func:`make_position0_step`: ``position0`` (``num_groups`` as in :func:`init_core`),
+  ``closedness`` and the loss sums."""
+  groups = spec.vocab_size if num_groups is None else num_groups
+  return {"position0": position0.init(spec.num_layers, spec.d_model, groups), **_init_checks(spec.num_layers)}
 
 
 def closedness_inputs(tokens: jax.Array, k: int, vocab_size: int) -> jax.Array:
@@ -220,14 +231,11 @@ def closedness_inputs(tokens: jax.Array, k: int, vocab_size: int) -> jax.Array:
   return jnp.concatenate([tokens[:k, :1], later], axis=1)
 
 
-def make_baseline_step(graphdef: nnx.GraphDef, design: FEDesign,
-                       user: Mapping[str, Statistic], x0_groups: jax.Array | None = None,
-                       closedness_sequences: int = 4):
-  """``step(params, acc, tokens [B, T], seq_ids [B]) -> acc`` for the unmodified model.
+def _checks(model: Decoder, acc: dict, cap: dict[str, jax.Array], tokens: jax.Array, seq_ids: jax.Array,
+            closedness_sequences: int) -> dict:
+  """The closedness check and the loss sums of a batch, given its forward's captures ``cap``.
 
-  The core statistics (:func:`update_core`, ``design`` and ``x0_groups`` as
-  there), the closedness check, the probes, the loss and the user statistics.
-  The closedness check runs on the batches that start within the first
+  The check runs on the batches that start within the first
   ``closedness_sequences`` sequences (``seq_ids[0] < closedness_sequences``;
   the others skip it under a ``lax.cond``): it takes the batch's first ``k =
   min(closedness_sequences, B)`` sequences, runs them as they are and with
@@ -238,38 +246,76 @@ def make_baseline_step(graphdef: nnx.GraphDef, design: FEDesign,
   that of two forwards of ``k`` sequences per sweep, whatever the number of
   batches (at 2,048 tokens a batch may hold one or two sequences).
   """
+  # Same x_0, different tokens after it: position 0 must not move. Both sides come from forwards of
+  # the same shape: a causal model then gives bitwise-equal h_0, whereas a [k, T] and a [B, T]
+  # forward may round differently (~1e-5).
+  k = min(closedness_sequences, tokens.shape[0])
+
+  def check() -> jax.Array:
+    other = closedness_inputs(tokens, k, model.spec.vocab_size)
+    same = cap["resid"] if k == tokens.shape[0] else forward(model, tokens[:k])["resid"]
+    return position0.closedness_max_abs_diff(same, forward(model, other)["resid"])
+
+  closedness = jax.lax.cond(seq_ids[0] < closedness_sequences, check, lambda: jnp.zeros_like(acc["closedness"]))
+  n = tokens.shape[0] * (tokens.shape[1] - 1)
+  return {"closedness": jnp.maximum(acc["closedness"], closedness),
+          "loss_sum": acc["loss_sum"] + lm_loss(cap["output"][:, :-1], tokens[:, 1:]) * n,
+          "loss_count": acc["loss_count"] + n}
+
+
+def _check_closedness_sequences(closedness_sequences: int) -> None:
   if closedness_sequences < 1:
     raise ValueError(f"closedness_sequences (AnalysisOptions.closedness_sequences) must be >= 1, "
                      f"got {closedness_sequences}")
+
+
+def make_baseline_step(graphdef: nnx.GraphDef, design: FEDesign,
+                       user: Mapping[str, Statistic], x0_groups: jax.Array | None = None,
+                       closedness_sequences: int = 4):
+  """``step(params, acc, tokens [B, T], seq_ids [B]) -> acc`` for the unmodified model.
+
+  The core statistics (:func:`update_core`, ``design`` and ``x0_groups`` as
+  there), the closedness check and the loss (:func:`_checks`, on the batches
+  holding the first ``closedness_sequences`` sequences), the probes and the
+  user statistics.
+  """
+  _check_closedness_sequences(closedness_sequences)
   extra = tuple(sorted({p for stat in user.values() for p in stat.points}))
 
   def step(params, acc, tokens, seq_ids):
     model = nnx.merge(graphdef, params)
     core, cap, zres, qstats = update_core(model, acc, tokens, seq_ids, design, x0_groups, extra)
-    # Same x_0, different tokens after it: position 0 must not move. Both sides come from forwards of
-    # the same shape: a causal model then gives bitwise-equal h_0, whereas a [k, T] and a [B, T]
-    # forward may round differently (~1e-5).
-    k = min(closedness_sequences, tokens.shape[0])
-
-    def check() -> jax.Array:
-      other = closedness_inputs(tokens, k, model.spec.vocab_size)
-      same = cap["resid"] if k == tokens.shape[0] else forward(model, tokens[:k])["resid"]
-      return position0.closedness_max_abs_diff(same, forward(model, other)["resid"])
-
-    closedness = jax.lax.cond(seq_ids[0] < closedness_sequences, check, lambda: jnp.zeros_like(acc["closedness"]))
-    n = tokens.shape[0] * (tokens.shape[1] - 1)
     out = {
         **core,
         "probe_resid": probes.update(acc["probe_resid"], cap["resid"], seq_ids),
         "probe_attn": probes.update(acc["probe_attn"], jnp.swapaxes(zres, 2, 3), seq_ids),
         "probe_attn_raw": probes.update(acc["probe_attn_raw"], attention_features(qstats), seq_ids),
-        "closedness": jnp.maximum(acc["closedness"], closedness),
-        "loss_sum": acc["loss_sum"] + lm_loss(cap["output"][:, :-1], tokens[:, 1:]) * n,
-        "loss_count": acc["loss_count"] + n,
+        **_checks(model, acc, cap, tokens, seq_ids, closedness_sequences),
     }
     captures = {**{p: cap[p] for p in extra}, "tokens": tokens, "seq_ids": seq_ids}
     out["user"] = {name: stat.update(acc["user"][name], captures) for name, stat in user.items()}
     return out
+
+  return step
+
+
+def make_position0_step(graphdef: nnx.GraphDef, x0_groups: jax.Array | None = None,
+                        closedness_sequences: int = 4):
+  """``step(params, acc, tokens [B, T], seq_ids [B]) -> acc``: position 0, the closedness check and the loss.
+
+  What the analysis reads from the BOS policy that is not the main one (its
+  fingerprint of ``x_0``, its loss, its closedness): one plain forward per
+  batch, no attention statistics (``acc`` from :func:`init_position0_pass`;
+  ``x0_groups`` as in :func:`update_core`).
+  """
+  _check_closedness_sequences(closedness_sequences)
+
+  def step(params, acc, tokens, seq_ids):
+    model = nnx.merge(graphdef, params)
+    cap = forward(model, tokens)
+    groups = tokens if x0_groups is None else x0_groups[tokens[:, :1]]
+    return {"position0": position0.update(acc["position0"], cap["resid"], groups),
+            **_checks(model, acc, cap, tokens, seq_ids, closedness_sequences)}
 
   return step
 

@@ -1,8 +1,10 @@
 """The analysis API: ``analyze(model, sequences) -> AnalysisResult``.
 
 Two sweeps over the sequences. The baseline sweep runs
-:func:`analysis_pass.make_baseline_step` on each BOS policy's sequences
-(``prepend``: position 0 is BOS; ``none``: position 0 is a text token). The
+:func:`analysis_pass.make_baseline_step` on the main BOS policy's sequences
+(``prepend``: position 0 is BOS; ``none``: position 0 is a text token) and
+:func:`analysis_pass.make_position0_step` on the other's (its fingerprint of
+``x_0``, loss and closedness: nothing else of it is reported). The
 intervention sweep reruns the main policy's sequences with each intervention
 and measures the fraction of each leakage component it removes. Everything is
 a sum accumulated batch by batch on the device; ``finalize`` turns the sums
@@ -22,8 +24,8 @@ from flax import nnx
 from abspos_jax import masks
 from abspos_jax.analysis import (denominators, fixed_effects, intervals, interventions, leakage, memory, position0,
                                  probes, sinks)
-from abspos_jax.analysis.analysis_pass import (Statistic, forward, init_accumulators, make_baseline_step,
-                                               make_intervention_step)
+from abspos_jax.analysis.analysis_pass import (Statistic, forward, init_accumulators, init_position0_pass,
+                                               make_baseline_step, make_intervention_step, make_position0_step)
 from abspos_jax.analysis.fixed_effects import FEDesign
 from abspos_jax.model import Decoder, ModelSpec
 
@@ -245,19 +247,23 @@ def analyze(model: Decoder, sequences: Mapping[str, np.ndarray], *, main: str = 
   # Donating the accumulators lets XLA update them in place rather than copy them every batch.
   baseline_step = jax.jit(make_baseline_step(graphdef, design, statistics, jnp.asarray(x0_groups),
                                              options.closedness_sequences), donate_argnums=1)
+  position0_step = jax.jit(make_position0_step(graphdef, jnp.asarray(x0_groups), options.closedness_sequences),
+                           donate_argnums=1)
   init = functools.partial(init_accumulators, spec, seq_len, statistics, options.num_blocks, num_groups=num_groups)
-  options, step_memory = _fit_batch_size(baseline_step, params, jax.eval_shape(init), sequences, options)
-  finals = {}
-  for policy in sorted(sequences, key=lambda p: p != main):  # main first: its accumulators stay whole
-    acc = _sweep(lambda a, t, s: baseline_step(params, a, t, s), init(), sequences[policy], options,
+  init_other = functools.partial(init_position0_pass, spec, num_groups)
+  others = [p for p in sequences if p != main]
+  held = _nbytes(jax.eval_shape(init)) + len(others) * _nbytes(jax.eval_shape(init_other))
+  options, step_memory = _fit_batch_size(baseline_step, params, jax.eval_shape(init), sequences, options, held)
+  acc = _sweep(lambda a, t, s: baseline_step(params, a, t, s), init(), sequences[main], options,
+               f"analysis[{main}]")
+  finals = {main: {**jax.jit(finalize_core, static_argnames="options")(acc, visible, design, options),
+                   **{name: probes.finalize(acc[name], ridge=options.probe_ridge) for name in _PROBES},
+                   "acc": acc}}
+  del acc
+  for policy in others:
+    acc = _sweep(lambda a, t, s: position0_step(params, a, t, s), init_other(), sequences[policy], options,
                  f"analysis[{policy}]")
-    finals[policy] = {
-        **jax.jit(finalize_core, static_argnames="options")(acc, visible, design, options),
-        **{name: probes.finalize(acc[name], ridge=options.probe_ridge) for name in _PROBES},
-    }
-    # Only the main policy's probe sums feed the intervals; the others' (D^2 per layer and block) are dropped.
-    finals[policy]["acc"] = acc if policy == main else {k: v for k, v in acc.items() if k not in _PROBES}
-    del acc
+    finals[policy] = {"position0": jax.jit(position0.finalize)(acc["position0"]), "acc": acc}
   m = finals[main]
   ci = intervals.summarize(_jackknife_baseline(m["acc"], visible, design, options), m["acc"]["leakage"]["n"])
   value = ci["value"]
@@ -342,17 +348,28 @@ def analyze(model: Decoder, sequences: Mapping[str, np.ndarray], *, main: str = 
   return AnalysisResult(summary=summary, stats=stats, user=user)
 
 
+def _nbytes(tree: Any) -> int:
+  """Bytes of the arrays (or ``ShapeDtypeStruct`` s) of ``tree``."""
+  return sum(int(np.prod(x.shape)) * np.dtype(x.dtype).itemsize for x in jax.tree.leaves(tree))
+
+
 def _fit_batch_size(step, params, acc, sequences: Mapping[str, np.ndarray],
-                    options: AnalysisOptions) -> tuple[AnalysisOptions, dict]:
+                    options: AnalysisOptions, held: int) -> tuple[AnalysisOptions, dict]:
   """``options`` with the largest batch size (up to ``options.batch_size``) whose baseline step fits the budget.
 
-  The budget is ``memory_budget_gb`` or half the memory free now
-  (:func:`memory.available_bytes`). The compiled programs are the ones the
-  sweep then runs (jit reuses them). Returns the options and the summary's
-  ``memory`` entry.
+  The budget is ``memory_budget_gb`` or half of what is free now
+  (:func:`memory.available_bytes`) once the accumulators the analysis will
+  hold (``held`` bytes, not allocated yet) are taken out: for a 1B model at
+  2,048 tokens they are gigabytes (the residual probe's blocked Gram
+  matrices). The compiled programs are the ones the sweep then runs (jit
+  reuses them). Returns the options and the summary's ``memory`` entry.
   """
-  budget = (memory.available_bytes() // 2 if options.memory_budget_gb is None
-            else int(options.memory_budget_gb * memory.GiB))
+  free = memory.available_bytes() - held
+  if options.memory_budget_gb is None and free <= 0:
+    raise ValueError(f"the analysis accumulators alone need {held / memory.GiB:.2f} GiB and "
+                     f"{memory.available_bytes() / memory.GiB:.2f} GiB are free; analyse shorter sequences "
+                     f"(--seq_len) or use fewer num_blocks")
+  budget = free // 2 if options.memory_budget_gb is None else int(options.memory_budget_gb * memory.GiB)
   seq_len = next(iter(sequences.values())).shape[1]
 
   def compile_for(b: int):
@@ -364,7 +381,9 @@ def _fit_batch_size(step, params, acc, sequences: Mapping[str, np.ndarray],
                                          what=f"the analysis step at {seq_len} tokens")
   return dataclasses.replace(options, batch_size=batch), {
       "budget_gib": budget / memory.GiB, "step_gib": used / memory.GiB,
-      "budget_rule": "memory_budget_gb" if options.memory_budget_gb is not None else "half the memory free at the start",
+      "accumulators_gib": held / memory.GiB,
+      "budget_rule": ("memory_budget_gb" if options.memory_budget_gb is not None
+                      else "half the memory free at the start, less the accumulators"),
       "step_rule": "the compiled baseline step's scratch + outputs - donated buffers (XLA memory analysis)"}
 
 
