@@ -331,9 +331,10 @@ def test_key0_bonus_is_residual_stream():
 
 def block_intervals(acc, design, early_max=8):
   keys = ("share_res_overall", "var_res_overall", "share_mask_overall", "early_share_res_overall")
-  fn = jax.jit(lambda a: intervals.evaluate(
-      lambda keep: {k: leakage.finalize(a, design, keep, early_max=early_max)[k] for k in keys}, acc["n"].shape[0]))
-  return intervals.summarize(fn(acc), np.asarray(acc["n"]))
+  stacked = intervals.evaluate(
+      lambda keep, a, d: {k: leakage.finalize(a, d, keep, early_max=early_max)[k] for k in keys}, acc["n"].shape[0],
+      acc, design)
+  return intervals.summarize(stacked, np.asarray(acc["n"]))
 
 
 def test_content_noise_without_position_covers_zero():

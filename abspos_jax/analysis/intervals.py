@@ -33,14 +33,22 @@ def keep_masks(num_blocks: int) -> jax.Array:
   return jnp.concatenate([ones, 1.0 - jnp.eye(num_blocks, dtype=jnp.float32)])
 
 
-def evaluate(fn: Callable[[jax.Array], Any], num_blocks: int) -> Any:
-  """``fn(keep)`` for every row of :func:`keep_masks`, stacked on a leading axis (jittable).
+def evaluate(fn: Callable[..., Any], num_blocks: int, *args: Any) -> Any:
+  """``fn(keep, *args)`` for every row of :func:`keep_masks`, stacked on a leading axis.
 
-  One keep at a time (``lax.map``), not vmapped: the ``K + 1`` evaluations
-  would otherwise hold ``K + 1`` copies of every intermediate (the probes'
-  ``[L+1, D+1, D+1]`` systems: gigabytes at d_model 2,048).
+  ``fn`` is jitted once and called once per keep from a Python loop, each
+  call finished before the next starts, so the ``K + 1`` evaluations hold one
+  set of intermediates at a time (the probes' ``[L+1, D+1, D+1]`` systems are
+  gigabytes at d_model 2,048). Not a ``vmap`` or ``lax.map`` inside one
+  program: on XLA CPU (jax 0.10) both forms deadlocked now and then (every
+  worker thread idle while the result never became ready; see
+  docs/analysis.md, "Known issue"). Pass the arrays ``fn`` reads as ``args``
+  rather than closing over them, so they are not baked into the program as
+  constants.
   """
-  return jax.lax.map(fn, keep_masks(num_blocks))
+  jitted = jax.jit(fn)
+  rows = [jax.block_until_ready(jitted(keep, *args)) for keep in keep_masks(num_blocks)]
+  return jax.tree.map(lambda *x: jnp.stack(x), *rows)
 
 
 def summarize(stacked: Any, block_counts: np.ndarray, level: float = LEVEL) -> dict[str, Any]:

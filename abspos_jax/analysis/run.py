@@ -145,20 +145,18 @@ _SINKS_CI = ("sink_score", "sink_score_max", "sink_score_max_layer")
 _PROBES = ("probe_resid", "probe_attn", "probe_attn_raw")
 
 
-@functools.partial(jax.jit, static_argnames=("options",))
 def _jackknife_core(acc: dict, visible: jax.Array, design: FEDesign, options: AnalysisOptions) -> dict:
   """:func:`intervals.evaluate` of every number in ``_LEAKAGE_CI`` and ``_SINKS_CI``."""
-  def estimates(keep):
+  def estimates(keep, acc, visible, design):
     fin = finalize_core(acc, visible, design, options, keep)
     return {**{f"leakage.{k}": fin["leakage"][k] for k in _LEAKAGE_CI},
             **{f"sinks.{k}": fin["sinks"][k] for k in _SINKS_CI}}
 
-  return intervals.evaluate(estimates, options.num_blocks)
+  return intervals.evaluate(estimates, options.num_blocks, acc, visible, design)
 
 
-@functools.partial(jax.jit, static_argnames=("ridge", "num_blocks"))
 def _jackknife_probe(acc: dict, ridge: float, num_blocks: int) -> jax.Array:
-  return intervals.evaluate(lambda keep: probes.finalize(acc, keep, ridge=ridge)["r2"], num_blocks)
+  return intervals.evaluate(lambda keep, acc: probes.finalize(acc, keep, ridge=ridge)["r2"], num_blocks, acc)
 
 
 def _jackknife_baseline(acc: dict, visible: jax.Array, design: FEDesign, options: AnalysisOptions) -> dict:
@@ -402,11 +400,10 @@ REMOVAL_RTOL = 1e-5  # a component below this fraction of Var(phi_loga) counts a
 _COMPONENT_KEYS = {"causal_mask": "cov_mask", "residual_stream": "cov_res"}
 
 
-@functools.partial(jax.jit, static_argnames=("early_max", "num_blocks"))
 def _effect(before: dict, design_before: FEDesign, after: dict, design_after: FEDesign, early_max: int,
             num_blocks: int) -> dict:
   """Per leave-one-block-out: each component's covariance before, its change and the fraction removed."""
-  def estimates(keep):
+  def estimates(keep, before, design_before, after, design_after):
     b = leakage.finalize(before, design_before, keep, early_max=early_max)
     a = leakage.finalize(after, design_after, keep, early_max=early_max)
     out = {}
@@ -420,7 +417,7 @@ def _effect(before: dict, design_before: FEDesign, after: dict, design_after: FE
           out[k + ".scale"] = b[prefix + "var_phi" + scope]
     return out
 
-  return intervals.evaluate(estimates, num_blocks)
+  return intervals.evaluate(estimates, num_blocks, before, design_before, after, design_after)
 
 
 def _effect_entry(ci: dict) -> dict:
