@@ -72,6 +72,10 @@ def update(acc: dict, features: jax.Array, seq_ids: jax.Array,
 def finalize(acc: dict, keep: jax.Array | None = None, ridge: float = 1e-2) -> dict[str, jax.Array]:
   """Cross-fitted held-out R^2 of the kept blocks (jittable; ``keep [K]``, default all).
 
+  Holds one ``jnp.linalg.solve``; run it as one program at a time on the CPU
+  (jit it and wait for it): two batched LU solves at once can deadlock XLA
+  CPU's intra-op pool (see the comment at the solve).
+
   Returns ``r2 [L]`` (held out, both directions averaged), ``r2_fit [L]``
   (in sample, both halves averaged), ``ridge_lambda [L]`` (half 0's),
   ``n_fit [L]``, ``n_test [L]`` (rows of half 0 and half 1).
@@ -107,8 +111,12 @@ def finalize(acc: dict, keep: jax.Array | None = None, ridge: float = 1e-2) -> d
     sst = yty - b[:, -1] ** 2 / jnp.maximum(n, 1.0)
     return jnp.where(sst > 0, 1.0 - sse / jnp.where(sst > 0, sst, 1.0), jnp.nan)
 
-  theta0, lam0 = fit(g[0], b[0])
-  theta1, _ = fit(g[1], b[1])
+  # Both halves in one batched solve: the CPU LU kernel splits its batch over XLA's intra-op pool
+  # and blocks a pool thread until the parts are done, so two solves running at once on a 2-thread
+  # pool waited on each other forever (gdb: both threads in LuDecomposition, jax 0.10).
+  n_layers, size = g.shape[1], g.shape[-1]
+  theta, lam = fit(g.reshape(2 * n_layers, size, size), b.reshape(2 * n_layers, size))
+  (theta0, theta1), lam0 = theta.reshape(2, n_layers, size), lam[:n_layers]
   return dict(r2=(r2(theta0, g[1], b[1], yty[1]) + r2(theta1, g[0], b[0], yty[0])) / 2,
               r2_fit=(r2(theta0, g[0], b[0], yty[0]) + r2(theta1, g[1], b[1], yty[1])) / 2,
               ridge_lambda=lam0, n_fit=g[0, :, -1, -1], n_test=g[1, :, -1, -1])

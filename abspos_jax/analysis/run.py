@@ -155,6 +155,12 @@ def _jackknife_core(acc: dict, visible: jax.Array, design: FEDesign, options: An
   return intervals.evaluate(estimates, options.num_blocks, acc, visible, design)
 
 
+@functools.partial(jax.jit, static_argnames="ridge")
+def _finalize_probe(acc: dict, ridge: float) -> dict:
+  """``probes.finalize`` as one program (the caller waits for it before the next: see ``probes.finalize``)."""
+  return probes.finalize(acc, ridge=ridge)
+
+
 def _jackknife_probe(acc: dict, ridge: float, num_blocks: int) -> jax.Array:
   return intervals.evaluate(lambda keep, acc: probes.finalize(acc, keep, ridge=ridge)["r2"], num_blocks, acc)
 
@@ -162,8 +168,8 @@ def _jackknife_probe(acc: dict, ridge: float, num_blocks: int) -> jax.Array:
 def _jackknife_baseline(acc: dict, visible: jax.Array, design: FEDesign, options: AnalysisOptions) -> dict:
   """The core numbers' and the probes' leave-one-block-out values.
 
-  Separate programs: on the CPU backend one program holding both the
-  fixed-effects fits and the probes' batched solves deadlocked (jax 0.10, XLA CPU).
+  Separate programs, one at a time: two batched LU solves running at once
+  deadlocked XLA CPU's intra-op pool (``probes.finalize``).
   """
   out = dict(_jackknife_core(acc, visible, design, options))
   for name in _PROBES:
@@ -255,7 +261,8 @@ def analyze(model: Decoder, sequences: Mapping[str, np.ndarray], *, main: str = 
   acc = _sweep(lambda a, t, s: baseline_step(params, a, t, s), init(), sequences[main], options,
                f"analysis[{main}]")
   finals = {main: {**jax.jit(finalize_core, static_argnames="options")(acc, visible, design, options),
-                   **{name: probes.finalize(acc[name], ridge=options.probe_ridge) for name in _PROBES},
+                   **{name: jax.block_until_ready(_finalize_probe(acc[name], options.probe_ridge))
+                      for name in _PROBES},
                    "acc": acc}}
   del acc
   for policy in others:
