@@ -517,6 +517,13 @@ def test_probe_on_constant_features_reads_nothing():
   np.testing.assert_allclose(out["r2"], 0.0, atol=1e-5)
 
 
+def test_probe_finalize_holds_one_lu_solve():
+  """Both halves' ridge systems go through one batched LU: two at once deadlocked XLA CPU's 2-thread pool."""
+  acc = probes.init(3, 5, K)
+  hlo = jax.jit(probes.finalize).lower(acc).compile().as_text()
+  assert hlo.count("getrf") == 1, [line for line in hlo.splitlines() if "getrf" in line]
+
+
 # --- position 0 -------------------------------------------------------------------
 
 def run_position0(h, tokens, vocab, parts=1):
