@@ -13,9 +13,9 @@ Writes summary.json, stats.npz, PNG figures and report.md (see docs/analysis.md;
 import os
 import sys
 
-# XLA CPU's multi-threaded Eigen pool can wedge on the jackknife's vmapped program (seen on 2 cores: every
-# worker parked waiting for work, the result never ready; docs/analysis.md). Single-threaded Eigen avoids
-# it at ~10% of the tiny analysis step; set before jax starts, unless the caller chose a setting.
+# Set while the analysis hangs on 2 cores were unexplained (~10% of the tiny analysis step). Their cause,
+# two LU solves at once on XLA's intra-op pool, is now avoided in the code itself and this flag did not
+# prevent it (docs/analysis.md); kept as a precaution. Set before jax starts, unless the caller chose.
 if "xla_cpu_multi_thread_eigen" not in os.environ.get("XLA_FLAGS", ""):
   os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_cpu_multi_thread_eigen=false".strip()
 

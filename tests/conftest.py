@@ -2,10 +2,10 @@
 
 import os
 
-# XLA CPU's multi-threaded Eigen pool wedged in CI: every worker thread parked waiting for work while the
-# main thread waited for the jackknife's vmapped result (py-spy and gdb on the hung worker, 2 cores). With
-# single-threaded Eigen the pool has no such wait. Set before jax initialises its backend; subprocesses
-# inherit it through os.environ (see xla_flags).
+# Set while CI's analysis hangs were unexplained. Their cause (two LU solves at once deadlocking XLA CPU's
+# intra-op pool, docs/analysis.md) is avoided in the code itself, and this flag did not prevent it; kept as
+# a precaution. Set before jax initialises its backend; subprocesses inherit it through os.environ (see
+# xla_flags).
 XLA_SAFE = "--xla_cpu_multi_thread_eigen=false"
 os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {XLA_SAFE}".strip()
 
