@@ -8,7 +8,8 @@ subprocesses on the same randomly initialised RoPE decoder: one times a plain
 jitted forward (``model(tokens)``, the training path), one the analysis pass's
 baseline step (``analysis_pass.make_baseline_step``, what ``analyze`` runs per
 batch with interventions off) at the batch size ``analyze`` chooses from its
-memory budget (``analysis.memory``), capped at ``--num_sequences``. Both are
+memory budget (``analysis.memory``, with its cap on one layer's logits), capped at
+``--num_sequences``. Both are
 compiled and warmed up first, then timed over ``--num_sequences`` sequences
 (median of ``--repeats``).
 
@@ -26,6 +27,7 @@ import json
 import resource
 import subprocess
 import sys
+import time
 
 import jax
 import jax.numpy as jnp
@@ -62,23 +64,28 @@ def child(kind: str, shape: str, seq_len: int, num_sequences: int, repeats: int)
     budget = memory.available_bytes() // 2
     batch, used = memory.choose_batch_size(
         lambda b: step.lower(params, acc, jax.ShapeDtypeStruct((b, seq_len), jnp.int32),
-                             jax.ShapeDtypeStruct((b,), jnp.int32)).compile(), num_sequences, budget)
+                             jax.ShapeDtypeStruct((b,), jnp.int32)).compile(),
+        min(num_sequences, memory.logits_batch_cap(m.spec.num_heads, seq_len)), budget)
     out.update(step_gib=used / memory.GiB, budget_gib=budget / memory.GiB)
 
     steady = AnalysisOptions().closedness_sequences  # the first sequence id whose batch skips the check
 
-    def sweep(first_id: int):
-      a = jax.tree.map(jnp.copy, acc)
-      for start in range(0, num_sequences, batch):
-        stop = min(start + batch, num_sequences)
-        a = step(params, a, tokens[start:stop], jnp.arange(first_id + start, first_id + stop))
-      return a
+    def timed(first_id: int, count: int) -> float:
+      """Median seconds of ``count`` sequences from ``first_id`` on, after a warm-up; the accumulators
+      (which the step donates) are copied before the clock starts: analyze copies them once per sweep."""
+      times = []
+      for _ in range(repeats + 1):
+        a = jax.block_until_ready(jax.tree.map(jnp.copy, acc))
+        t0 = time.perf_counter()
+        for start in range(0, count, batch):
+          stop = min(start + batch, count)
+          a = step(params, a, tokens[start:stop], jnp.arange(first_id + start, first_id + stop))
+        jax.block_until_ready(a)
+        times.append(time.perf_counter() - t0)
+      return common.median(times[1:])
 
-    seconds = best_ms(lambda: sweep(steady), repeats) / 1e3
-    def one_batch(first_id: int):
-      return step(params, jax.tree.map(jnp.copy, acc), tokens[:batch], jnp.arange(first_id, first_id + batch))
-
-    out["closedness_s"] = (best_ms(lambda: one_batch(0), repeats) - best_ms(lambda: one_batch(steady), repeats)) / 1e3
+    seconds = timed(steady, num_sequences)
+    out["closedness_s"] = timed(0, batch) - timed(steady, batch)
   out.update(batch=batch, seconds=seconds, tokens_per_s=num_sequences * seq_len / seconds,
              peak_rss_gib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / memory.GiB)
   return out

@@ -198,6 +198,13 @@ def test_choose_batch_size_from_a_linear_memory_model():
     memory.choose_batch_size(compile_for, 32, 109)
 
 
+def test_the_batch_holds_at_most_256_mib_of_one_layers_logits():
+  """[B, H, T, T] float32 within 256 MiB: 12 heads at 1,024 tokens -> 5 sequences, at 2,048 -> 1, never 0."""
+  assert memory.logits_batch_cap(12, 1024) == 5
+  assert memory.logits_batch_cap(12, 2048) == 1 and memory.logits_batch_cap(32, 8192) == 1
+  assert memory.logits_batch_cap(4, 128) == 1024
+
+
 def test_memory_budget_sets_the_batch_size():
   m, seqs = model_lib.create(small_config()), sequences()
   whole = analyze(m, seqs, options=AnalysisOptions(batch_size=12, interventions=False, progress=False))

@@ -35,6 +35,17 @@ def available_bytes(device: jax.Device | None = None) -> int:
   return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
 
 
+# One layer's logits per step beyond this buy no speed on the CPU and cost fresh pages: the 12 x 768
+# model at 2,048 tokens ran its analysis at 0.48x of a forward with 2 sequences per step (384 MiB of
+# logits per layer), 0.60x with 1 (docs/benchmarks.md).
+LOGITS_BYTES_CAP = 256 * 2**20
+
+
+def logits_batch_cap(num_heads: int, seq_len: int) -> int:
+  """The largest batch whose one layer of float32 logits ``[B, H, T, T]`` stays within ``LOGITS_BYTES_CAP`` (>= 1)."""
+  return max(1, LOGITS_BYTES_CAP // (num_heads * seq_len * seq_len * 4))
+
+
 def step_bytes(compiled) -> int:
   """What one call of ``compiled`` allocates beyond its inputs: ``scratch + outputs - aliased``."""
   m = compiled.memory_analysis()

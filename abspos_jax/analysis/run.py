@@ -366,8 +366,10 @@ def _fit_batch_size(step, params, acc, sequences: Mapping[str, np.ndarray],
   (:func:`memory.available_bytes`) once the accumulators the analysis will
   hold (``held`` bytes, not allocated yet) are taken out: for a 1B model at
   2,048 tokens they are gigabytes (the residual probe's blocked Gram
-  matrices). The compiled programs are the ones the sweep then runs (jit
-  reuses them). Returns the options and the summary's ``memory`` entry.
+  matrices). The batch is also capped at :func:`memory.logits_batch_cap`
+  (one layer's logits within 256 MiB: larger batches are slower on the CPU).
+  The compiled programs are the ones the sweep then runs (jit reuses them).
+  Returns the options and the summary's ``memory`` entry.
   """
   free = memory.available_bytes() - held
   if options.memory_budget_gb is None and free <= 0:
@@ -381,7 +383,8 @@ def _fit_batch_size(step, params, acc, sequences: Mapping[str, np.ndarray],
     return step.lower(params, acc, jax.ShapeDtypeStruct((b, seq_len), jnp.int32),
                       jax.ShapeDtypeStruct((b,), jnp.int32)).compile()
 
-  largest = min(options.batch_size, max(len(t) for t in sequences.values()))
+  largest = min(options.batch_size, max(len(t) for t in sequences.values()),
+                memory.logits_batch_cap(acc["leakage"]["lz"].shape[2], seq_len))
   batch, used = memory.choose_batch_size(compile_for, largest, budget,
                                          what=f"the analysis step at {seq_len} tokens")
   return dataclasses.replace(options, batch_size=batch), {
