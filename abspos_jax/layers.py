@@ -8,6 +8,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from abspos_jax import precision
+
 
 def param(rngs: nnx.Rngs, shape: tuple[int, ...], axes: tuple[str, ...], std: float, dtype) -> nnx.Param:
   """A normal(0, std) parameter tagged with logical axis names."""
@@ -28,7 +30,7 @@ class RMSNorm(nnx.Module):
 
 
 class SwiGLU(nnx.Module):
-  """``down(silu(x W_gate) * (x W_up))``, no biases."""
+  """``down(silu(x W_gate) * (x W_up))``, no biases; products in :func:`precision.einsum` (float32 out)."""
 
   def __init__(self, d_model: int, hidden: int, *, std: float, out_std: float, param_dtype, dtype, rngs: nnx.Rngs):
     self.gate = param(rngs, (d_model, hidden), ("embed", "mlp"), std, param_dtype)
@@ -37,7 +39,7 @@ class SwiGLU(nnx.Module):
     self.dtype = dtype
 
   def __call__(self, x: jax.Array) -> jax.Array:
-    x = x.astype(self.dtype)
-    g = x @ self.gate[...].astype(self.dtype)
-    u = x @ self.up[...].astype(self.dtype)
-    return (jax.nn.silu(g) * u) @ self.down[...].astype(self.dtype)
+    # One product for gate and up (a wider matmul runs nearer the CPU's peak than two narrow ones).
+    w = jnp.concatenate([self.gate[...], self.up[...]], axis=1)
+    g, u = jnp.split(precision.einsum("...d,df->...f", x, w, self.dtype), 2, axis=-1)
+    return precision.einsum("...f,fd->...d", jax.nn.silu(g) * u, self.down[...], self.dtype)

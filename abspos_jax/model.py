@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import ml_collections
 from flax import nnx
 
+from abspos_jax import precision
 from abspos_jax.attention import Attention
 from abspos_jax.hooks import Hooks
 from abspos_jax.layers import RMSNorm, SwiGLU, param
@@ -108,11 +109,11 @@ class Block(nnx.Module):
     a = self.attn(self.attn_norm(h), positions, hooks=hooks, name=f"{name}.attn")
     if hooks is not None:
       a = hooks(f"{name}.attn.out", a)
-    h = h + a.astype(h.dtype)
+    h = h + a
     m = self.mlp(self.mlp_norm(h))
     if hooks is not None:
       m = hooks(f"{name}.mlp.out", m)
-    return h + m.astype(h.dtype)
+    return h + m
 
 
 class Decoder(nnx.Module):
@@ -134,15 +135,16 @@ class Decoder(nnx.Module):
     point = hooks if hooks is not None else (lambda _, v: v)
     spec = self.spec
     positions = jnp.arange(tokens.shape[1])
-    h = point("embed.tokens", jnp.take(self.embed[...], tokens, axis=0).astype(spec.dtype))
+    h = point("embed.tokens", jnp.take(self.embed[...], tokens, axis=0).astype(jnp.float32))
     if spec.position == "learned":
-      h = h + self.pos_embed[...][: tokens.shape[1]].astype(spec.dtype)[None]
+      h = h + self.pos_embed[...][: tokens.shape[1]].astype(jnp.float32)[None]
     h = point("resid.0", h)
     for l, block in enumerate(self.blocks):
       h = point(f"resid.{l + 1}", block(h, positions, hooks=hooks, name=f"blocks.{l}"))
     h = self.final_norm(h)
-    w = self.embed[...].T if spec.tie_embeddings else self.unembed[...]
-    return jnp.einsum("btd,dv->btv", h, w.astype(spec.dtype), preferred_element_type=jnp.float32)
+    if spec.tie_embeddings:  # contract with [V, D] as stored: XLA CPU has no bf16 kernel for the transposed form
+      return precision.einsum("btd,vd->btv", h, self.embed[...], spec.dtype)
+    return precision.einsum("btd,dv->btv", h, self.unembed[...], spec.dtype)
 
 
 def create(config: ml_collections.ConfigDict, seed: int | jax.Array | None = None) -> Decoder:

@@ -1,6 +1,6 @@
 """Where a train step's time goes: ours (XLA ops) and the PyTorch reference (aten ops), by kind of work.
 
-    python -m benchmarks.profile_step [--size=tiny] [--steps=5] [--top=12] [--json=out.json]
+    python -m benchmarks.profile_step [--size=tiny] [--dtype=float32] [--steps=5] [--top=12] [--json=out.json]
 
 Ours: a ``jax.profiler`` trace of ``--steps`` jitted train steps (the step of
 :mod:`benchmarks.train_throughput`), read back from its Perfetto JSON; every
@@ -26,6 +26,9 @@ calling thread, not CPU-seconds. Profiling costs time, PyTorch's per-op
 instrumentation far more than XLA's (its step is hundreds of small eager ops),
 so the script also prints each side's unprofiled step time (interleaved
 median of 3): read the kinds as shares of each side's own total.
+
+``--dtype=bfloat16`` profiles the mixed-precision steps: ours with
+``model.dtype=bfloat16``, PyTorch under ``torch.autocast("cpu", dtype=torch.bfloat16)``.
 """
 
 import argparse
@@ -122,6 +125,7 @@ def profile_reference(ref: Reference, steps: int) -> tuple[dict, list]:
 def main() -> None:
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   p.add_argument("--size", default="tiny", help=f"one of {sorted(SIZES)}")
+  p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"), help="compute dtype of both sides")
   p.add_argument("--steps", type=int, default=5, help="train steps profiled on each side")
   p.add_argument("--top", type=int, default=12, help="largest single ops listed per side")
   p.add_argument("--json", default="", help="write the breakdown here")
@@ -130,10 +134,10 @@ def main() -> None:
     raise SystemExit(f"--size: unknown size {args.size!r}; choose from {sorted(SIZES)}")
   torch.set_num_threads(os.cpu_count())
   dims = SIZES[args.size]
-  config = size_config(*dims)
+  config = size_config(*dims, dtype=args.dtype)
   batches = np.random.default_rng(0).integers(0, config.model.vocab_size, (4, dims[4], dims[3] + 1)).astype(np.int32)
   ours_step = Ours(config, batches)
-  ref_step = Reference(config, ours_step.model, batches)
+  ref_step = Reference(config, ours_step.model, batches, autocast=args.dtype == "bfloat16")
   ours_step.run(3)
   ref_step.run(2)
   unprofiled = common.interleaved({"ours": lambda: ours_step.run(args.steps), "pytorch": lambda: ref_step.run(args.steps)}, 3)
@@ -146,12 +150,12 @@ def main() -> None:
   rows.append(["total of profiled ops", sum(ours.values()), sum(ref.values())])
   rows.append(["unprofiled step", unprofiled["ours"], unprofiled["pytorch"]])
   print(f"machine: {common.machine()}")
-  print(f"size {args.size} {dims} (layers, d_model, heads, seq_len, batch); ms per train step, summed op times")
+  print(f"size {args.size} {dims} {args.dtype} (layers, d_model, heads, seq_len, batch); ms per train step, summed op times")
   print(common.markdown_table(["kind", "ours ms (share)", "PyTorch ms (share)"], rows))
   for side, ops in (("ours", ours_ops), ("PyTorch", ref_ops)):
     print(f"\nlargest ops, {side} (ms per step, summed over instances):")
     print(common.markdown_table(["kind", "op", "shape", "ms"], [[k, n, s, ms] for (k, n, s), ms in ops[:args.top]]))
-  common.write_json(args.json, {"size": args.size, "dims": dims, "ours": ours, "pytorch": ref, "unprofiled_ms": unprofiled,
+  common.write_json(args.json, {"size": args.size, "dims": dims, "dtype": args.dtype, "ours": ours, "pytorch": ref, "unprofiled_ms": unprofiled,
                                 "ours_ops": [[*k, v] for k, v in ours_ops], "pytorch_ops": [[*k, v] for k, v in ref_ops]})
 
 

@@ -89,10 +89,16 @@ def make_optimizer(model: nn.Module, train) -> torch.optim.AdamW:
   return torch.optim.AdamW(groups, lr=train.learning_rate, betas=(train.beta1, train.beta2), eps=1e-8)
 
 
-def train_step(model: nn.Module, opt: torch.optim.Optimizer, tokens: torch.Tensor, grad_clip: float) -> float:
-  """One step on ``tokens [B, T + 1]``: next-token cross entropy, clip, AdamW. Returns the loss."""
-  logits = model(tokens[:, :-1])
-  loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1))
+def train_step(model: nn.Module, opt: torch.optim.Optimizer, tokens: torch.Tensor, grad_clip: float,
+               autocast: bool = False) -> float:
+  """One step on ``tokens [B, T + 1]``: next-token cross entropy, clip, AdamW. Returns the loss.
+
+  ``autocast``: forward and loss under ``torch.autocast("cpu", dtype=torch.bfloat16)``
+  (the recipe of the PyTorch AMP docs: backward and optimizer outside it, on float32 weights).
+  """
+  with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+    logits = model(tokens[:, :-1])
+    loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1))
   opt.zero_grad(set_to_none=True)
   loss.backward()
   torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)

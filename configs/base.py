@@ -27,7 +27,7 @@ def get_config() -> ml_collections.ConfigDict:
   m.tie_embeddings = True
   m.norm_eps = 1e-6
   m.init_std = 0.02
-  m.dtype = "float32"  # compute dtype: float32 | bfloat16
+  m.dtype = "float32"  # matmul input dtype: float32 | bfloat16 (float32 accumulation and activations; abspos_jax/precision.py)
   m.param_dtype = "float32"
   m.attention_impl = "xla"  # training path: xla (explicit softmax, hand-written backward) | fused (jax.nn.dot_product_attention)
 
