@@ -10,13 +10,20 @@ partial save is never listed as a step.
 """
 
 import json
+import logging
 import os
+import shutil
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import jax
 import ml_collections
 import orbax.checkpoint as ocp
 
 from abspos_jax import config as config_lib
+
+log = logging.getLogger("abspos_jax")
 
 
 def manager(workdir: str, ckpt: ml_collections.ConfigDict | None = None, *, read_only: bool = False
@@ -70,6 +77,86 @@ def restore(mgr: ocp.CheckpointManager, step: int, abstract_params, abstract_opt
   ))
   data_iter.set_state(r.data)
   return r.params, r.opt_state, data_iter
+
+
+def move_aside(workdir: str, step: int, folder: str, why: str) -> None:
+  """Move checkpoint ``step`` to ``WORKDIR/FOLDER/STEP-TIME`` (process 0; nothing is deleted), logging ``why``.
+
+  A later save of that step number then does not collide with it; the caller
+  reloads its manager.
+  """
+  src = os.path.join(workdir, "checkpoints", str(step))
+  dst = os.path.join(workdir, folder, f"{step}-{int(time.time())}")
+  log.warning("checkpoint %s %s; moved to %s", src, why, dst)
+  if jax.process_index() == 0:
+    os.makedirs(os.path.dirname(dst), exist_ok=True)
+    shutil.move(src, dst)
+
+
+def restore_latest(mgr: ocp.CheckpointManager, workdir: str, abstract_params, abstract_opt_state,
+                   make_iter: Callable[[], Any], at_most: int | None = None):
+  """Restore the newest checkpoint that restores; move unreadable ones to ``corrupt_checkpoints/``.
+
+  Orbax only lists complete checkpoints (a write killed half-way stays a
+  temporary directory), so what fails here is a damaged file. Nothing is
+  deleted: the damaged step is moved aside with a warning (:func:`move_aside`).
+  Returns ``(step, params, opt_state, data_iter)``, with ``step = 0`` and
+  ``None`` s when nothing restores. ``at_most`` ignores checkpoints of later steps.
+  """
+  for step in sorted((s for s in mgr.all_steps() if at_most is None or s <= at_most), reverse=True):
+    data_iter = make_iter()
+    try:
+      params, opt_state, data_iter = restore(mgr, step, abstract_params, abstract_opt_state, data_iter)
+      return step, params, opt_state, data_iter
+    except Exception as e:  # orbax, tensorstore and json raise many types for a damaged file
+      move_aside(workdir, step, "corrupt_checkpoints",
+                 f"cannot be restored ({type(e).__name__}: {str(e).splitlines()[0][:300]}), trying an older one")
+      mgr.reload()
+  return 0, None, None, make_iter()
+
+
+def restore_group(runs: Sequence[Any], abstract_params, abstract_opt_state) -> tuple[int, list[tuple[Any, Any]] | None]:
+  """Restore every run of a group at one step; sets each ``run.data_iter``. Returns ``(step, [(params, opt_state)])``.
+
+  ``runs`` have ``mgr``, ``workdir``, ``make_iter`` and ``data_iter``. One run:
+  :func:`restore_latest`. Runs trained together must resume at the same step.
+  When their newest restorable checkpoints differ (a kill during a group save
+  can complete one run's checkpoint and not another's; a damaged checkpoint is
+  moved aside in one run only), all resume from the newest step that every run
+  restores, and each run's newer checkpoints are moved to
+  ``WORKDIR/unshared_checkpoints/STEP-TIME`` (nothing is deleted; the group
+  writes those steps again). When the runs share no step (one run has no
+  checkpoint, e.g. a seed was added to ``--seeds``), this refuses with a
+  :class:`~abspos_jax.config.ConfigError` rather than restart the others.
+  ``(0, None)`` when no run has a checkpoint.
+  """
+  results: list = [None] * len(runs)
+  at_most = None
+  while True:
+    for i, run in enumerate(runs):
+      if results[i] is None or results[i][0] > at_most:
+        results[i] = restore_latest(run.mgr, run.workdir, abstract_params, abstract_opt_state, run.make_iter, at_most)
+    steps = [r[0] for r in results]
+    if min(steps) == max(steps):
+      break
+    if min(steps) == 0:
+      held = "; ".join(f"{run.workdir}: {run.mgr.all_steps() or 'none'}" for run in runs)
+      raise config_lib.ConfigError(
+          f"the runs trained together share no checkpoint step to resume from ({held}). Seeds trained together "
+          f"resume only from a step every run holds: train each run that lags alone up to step {max(steps)} "
+          f"(train.py --workdir=DIR --config.train.seed=SEED --config.train.stop_at_step={max(steps)}, same config) "
+          f"and rerun, or give the group another --workdir")
+    at_most = min(steps)
+  step = steps[0]
+  for run, (_, _, _, data_iter) in zip(runs, results):
+    run.data_iter = data_iter
+    newer = [s for s in run.mgr.all_steps() if s > step]
+    for s in newer:
+      move_aside(run.workdir, s, "unshared_checkpoints",
+                 f"is newer than step {step}, the newest step every run trained together can resume from")
+    if newer:
+      run.mgr.reload()
+  return step, (None if step == 0 else [(params, opt_state) for _, params, opt_state, _ in results])
 
 
 def restore_params(mgr: ocp.CheckpointManager, step: int, abstract_params):

@@ -4,6 +4,8 @@
 (or restores) a sharded model and optimizer, and runs the jitted train step,
 logging to ``metrics.jsonl`` and TensorBoard and checkpointing with orbax.
 Rerunning the same command resumes from the latest complete checkpoint.
+:class:`Trainer` is that loop: setup, then one step and the periodic actions
+(log, evaluate, checkpoint), each scheduled by :func:`itstime`.
 
 ``train_seeds(config, workdir_template, seeds)`` trains K seeds of one config
 together through the same loop: params and optimizer state are stacked on a
@@ -18,7 +20,6 @@ import errno
 import json
 import logging
 import os
-import shutil
 import signal
 import sys
 import threading
@@ -27,13 +28,13 @@ from collections.abc import Sequence
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import ml_collections
 import numpy as np
 from flax import nnx
 
 from abspos_jax import atomic, checkpoint, data, distributed, emergence, flops, model as model_lib, sharding
 from abspos_jax import config as config_lib
+from abspos_jax import seeds as seeds_lib
 from abspos_jax.metrics import MetricsWriter
 from abspos_jax.optim import learning_rate_schedule, make_optimizer
 from abspos_jax.train_step import make_eval_step, make_train_step
@@ -83,63 +84,8 @@ def init_state(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, tx, s
   return graphdef, params, opt_state, param_sh, opt_sh
 
 
-def _stack(trees):
-  """One tree whose leaves are ``[K, ...]``: leaf ``k`` of ``trees[k]`` at index ``k``."""
-  return jax.tree.map(lambda *xs: jnp.stack(xs), *trees)
-
-
-class SeedAxis:
-  """How the loop holds the states of its K runs: as they are for K = 1, stacked for K > 1.
-
-  For K > 1 every array of params and optimizer state has a leading axis of
-  size K (run ``k`` at index ``k``), replicated over the mesh; a batch is
-  ``tokens [K, B, T + 1]`` with ``B`` split over the mesh as for one run; the
-  train and eval steps are ``jax.vmap`` of the one-run steps, so each copy
-  computes exactly what one run computes. For K = 1 nothing is stacked and the
-  one-run steps run as they are.
-  """
-
-  def __init__(self, k: int, param_sh, opt_sh, batch_sh):
-    self.k = k
-    self.run_shardings = (param_sh, opt_sh)
-    lead = sharding.stacked if k > 1 else (lambda sh: sh)
-    self.param_sh, self.opt_sh, self.batch_sh = lead(param_sh), lead(opt_sh), lead(batch_sh)
-    self._split = jax.jit(lambda state: [jax.tree.map(lambda x: x[i], state) for i in range(k)],
-                          out_shardings=[self.run_shardings] * k)
-    self._join = jax.jit(_stack, out_shardings=(self.param_sh, self.opt_sh))
-
-  def vmap(self, fn, in_axes=0):
-    """``fn`` for K = 1, ``jax.vmap(fn, in_axes)`` over the seed axis for K > 1."""
-    return fn if self.k == 1 else jax.vmap(fn, in_axes=in_axes)
-
-  def split(self, params, opt_state) -> list[tuple[Any, Any]]:
-    """``[(params, opt_state)]`` of each run, placed as one run's state is."""
-    return [(params, opt_state)] if self.k == 1 else self._split((params, opt_state))
-
-  def join(self, states: list[tuple[Any, Any]]) -> tuple[Any, Any]:
-    """Inverse of :meth:`split`."""
-    return states[0] if self.k == 1 else self._join(states)
-
-  def abstract_run(self, params, opt_state) -> tuple[Any, Any]:
-    """Shapes, dtypes and shardings of ONE run's params and optimizer state (what a checkpoint holds)."""
-    one = (lambda tree: tree) if self.k == 1 else (
-        lambda tree: jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), tree))
-    return (checkpoint.abstract_like(one(params), self.run_shardings[0]),
-            checkpoint.abstract_like(one(opt_state), self.run_shardings[1]))
-
-  def batch(self, local: list[np.ndarray], shape: tuple[int, ...]) -> jax.Array:
-    """The global batch (``shape`` for one run) from each run's process-local rows."""
-    if self.k == 1:
-      return jax.make_array_from_process_local_data(self.batch_sh, local[0], shape)
-    return jax.make_array_from_process_local_data(self.batch_sh, np.stack(local), (self.k, *shape))
-
-  def per_run(self, x) -> np.ndarray:
-    """``[K]`` host values of a per-run scalar (a plain scalar for K = 1)."""
-    return np.reshape(np.asarray(x), (self.k,))
-
-
 @dataclasses.dataclass
-class Run:
+class RunDir:
   """One run directory the loop writes: the config, checkpoints, metrics and data order of one seed."""
   config: ml_collections.ConfigDict
   workdir: str
@@ -192,111 +138,18 @@ def is_disk_full(e: BaseException) -> bool:
   return (isinstance(e, OSError) and e.errno == errno.ENOSPC) or "No space left on device" in str(e)
 
 
-def restore_latest(mgr, workdir: str, abstract_params, abstract_opt_state, make_iter, at_most: int | None = None):
-  """Restore the newest checkpoint that restores; move unreadable ones to ``corrupt_checkpoints/``.
+def itstime(step: int, every: int, total: int, force: bool = False) -> bool:
+  """Whether a periodic action runs at ``step`` (1-based): every ``every`` steps, at the last step, or when forced.
 
-  Orbax only lists complete checkpoints (a write killed half-way stays a
-  temporary directory), so what fails here is a damaged file. Nothing is
-  deleted: the damaged step is moved aside with a warning, so a later save of
-  that step number does not collide with it. Returns ``(step, params,
-  opt_state, data_iter)``, with ``step = 0`` and ``None`` s when nothing restores.
-  ``at_most`` ignores checkpoints of later steps.
+  big_vision's ``utils.itstime``: each action of the loop (log, evaluate,
+  checkpoint) asks it with its own period; ``force`` is a stop request.
   """
-  for step in sorted((s for s in mgr.all_steps() if at_most is None or s <= at_most), reverse=True):
-    data_iter = make_iter()
-    try:
-      params, opt_state, data_iter = checkpoint.restore(mgr, step, abstract_params, abstract_opt_state, data_iter)
-      return step, params, opt_state, data_iter
-    except Exception as e:  # orbax, tensorstore and json raise many types for a damaged file
-      src = os.path.join(workdir, "checkpoints", str(step))
-      dst = os.path.join(workdir, "corrupt_checkpoints", f"{step}-{int(time.time())}")
-      log.warning("checkpoint %s cannot be restored (%s: %s); moved to %s, trying an older one",
-                  src, type(e).__name__, str(e).splitlines()[0][:300], dst)
-      if jax.process_index() == 0:
-        os.makedirs(os.path.dirname(dst), exist_ok=True)
-        shutil.move(src, dst)
-      mgr.reload()
-  return 0, None, None, make_iter()
-
-
-def restore_runs(runs: list[Run], abstract_params, abstract_opt_state) -> tuple[int, list[tuple[Any, Any]] | None]:
-  """Restore every run at one step; sets each ``run.data_iter``. Returns ``(step, [(params, opt_state)])``.
-
-  One run: :func:`restore_latest`. Runs trained together must resume at the
-  same step. When their newest restorable checkpoints differ (a kill during a
-  group save can complete one run's checkpoint and not another's; a damaged
-  checkpoint is moved aside in one run only), all resume from the newest step
-  that every run restores, and each run's newer checkpoints are moved to
-  ``WORKDIR/unshared_checkpoints/STEP-TIME`` (nothing is deleted; the group
-  writes those steps again). When the runs share no step (one run has no
-  checkpoint, e.g. a seed was added to ``--seeds``), this refuses with a
-  :class:`~abspos_jax.config.ConfigError` rather than restart the others.
-  ``(0, None)`` when no run has a checkpoint.
-  """
-  results: list = [None] * len(runs)
-  at_most = None
-  while True:
-    for i, run in enumerate(runs):
-      if results[i] is None or results[i][0] > at_most:
-        results[i] = restore_latest(run.mgr, run.workdir, abstract_params, abstract_opt_state, run.make_iter, at_most)
-    steps = [r[0] for r in results]
-    if min(steps) == max(steps):
-      break
-    if min(steps) == 0:
-      held = "; ".join(f"{run.workdir}: {run.mgr.all_steps() or 'none'}" for run in runs)
-      raise config_lib.ConfigError(
-          f"the runs trained together share no checkpoint step to resume from ({held}). Seeds trained together "
-          f"resume only from a step every run holds: train each run that lags alone up to step {max(steps)} "
-          f"(train.py --workdir=DIR --config.train.seed=SEED --config.train.stop_at_step={max(steps)}, same config) "
-          f"and rerun, or give the group another --workdir")
-    at_most = min(steps)
-  step = steps[0]
-  for run, (_, _, _, data_iter) in zip(runs, results):
-    run.data_iter = data_iter
-    newer = [s for s in run.mgr.all_steps() if s > step]
-    for s in newer:
-      src = os.path.join(run.workdir, "checkpoints", str(s))
-      dst = os.path.join(run.workdir, "unshared_checkpoints", f"{s}-{int(time.time())}")
-      log.warning("checkpoint %s is newer than step %d, the newest step every run trained together can resume "
-                  "from; moved to %s", src, step, dst)
-      if jax.process_index() == 0:
-        os.makedirs(os.path.dirname(dst), exist_ok=True)
-        shutil.move(src, dst)
-    if newer:
-      run.mgr.reload()
-  return step, (None if step == 0 else [(params, opt_state) for _, params, opt_state, _ in results])
-
-
-def _progress(config, start: int):
-  if not (config.train.progress and jax.process_index() == 0):
-    return None
-  from tqdm import tqdm
-  return tqdm(total=config.train.steps, initial=start, unit="step", dynamic_ncols=True)
+  return force or step == total or (every > 0 and step % every == 0)
 
 
 def train(config: ml_collections.ConfigDict, workdir: str) -> dict:
   """Train (or resume) the run of ``config`` in ``workdir``; returns the last logged metrics."""
-  return _train_runs([config], [workdir])[0]
-
-
-SEED_FIELD = "{seed}"
-
-
-def seed_workdirs(workdir_template: str, seeds: Sequence[int]) -> list[str]:
-  """``workdir_template`` with its literal ``{seed}`` replaced by each seed; refuses bad templates and seed lists."""
-  if SEED_FIELD not in workdir_template:
-    raise config_lib.ConfigError(
-        f"--workdir must contain the literal {SEED_FIELD} when --seeds is given (one run directory per seed, "
-        f"e.g. runs/rope-s{SEED_FIELD}), got {workdir_template!r}")
-  if not seeds:
-    raise config_lib.ConfigError("--seeds must list at least one seed, e.g. --seeds=0,1,2")
-  repeated = sorted({s for s in seeds if list(seeds).count(s) > 1})
-  if repeated:
-    raise config_lib.ConfigError(f"--seeds must list distinct seeds; {repeated} appear more than once in {list(seeds)}")
-  bad = [s for s in seeds if not 0 <= s < 2**32]
-  if bad:
-    raise config_lib.ConfigError(f"--seeds must be integers in [0, 2**32), got {bad}")
-  return [workdir_template.replace(SEED_FIELD, str(s)) for s in seeds]
+  return Trainer([config], [workdir]).run()[0]
 
 
 def train_seeds(config: ml_collections.ConfigDict, workdir_template: str, seeds: Sequence[int]) -> list[dict]:
@@ -318,16 +171,15 @@ def train_seeds(config: ml_collections.ConfigDict, workdir_template: str, seeds:
   ``train.nonfinite``: a non-finite seed's update is dropped without touching
   the others; ``stop`` stops the group naming the seed and step, ``skip``
   counts per run. Rerunning resumes every run from the newest step all of them
-  can restore (:func:`restore_runs`). A run directory holding another config is
-  refused as in ``train``.
+  can restore (:func:`checkpoint.restore_group`). A run directory holding
+  another config is refused as in ``train``.
   """
-  workdirs = seed_workdirs(workdir_template, seeds)
   configs = []
   for s in seeds:
     c = copy.deepcopy(config)
     c.train.seed = int(s)
     configs.append(c)
-  return _train_runs(configs, workdirs)
+  return Trainer(configs, seeds_lib.seed_workdirs(workdir_template, seeds)).run()
 
 
 def _open_workdir(config: ml_collections.ConfigDict, workdir: str, record: bool) -> None:
@@ -338,169 +190,210 @@ def _open_workdir(config: ml_collections.ConfigDict, workdir: str, record: bool)
     raise OSError(e.errno, f"--workdir {workdir} cannot be used: {e.strerror or e}") from e
 
 
-def _train_runs(configs: list[ml_collections.ConfigDict], workdirs: list[str]) -> list[dict]:
-  """The loop: K runs whose configs differ at most in ``train.seed``, one (K = 1) or stacked (K > 1) state."""
-  config = configs[0]
-  if distributed.requested(config):
-    distributed.initialize(config)
-  for c in configs:
-    config_lib.validate(c)
-  runs = [Run(c, w) for c, w in zip(configs, workdirs)]
-  for record in (False, True):  # all checked before any is written: a refusal leaves every directory as it was
+class Trainer:
+  """K runs whose configs differ at most in ``train.seed``, trained by one jitted step (stacked for K > 1).
+
+  Building it validates the configs, opens the run directories (all are
+  checked before any is written, so a refusal leaves every one as it was),
+  creates or restores the sharded state and compiles nothing yet. :meth:`run`
+  is the loop: one train step per iteration, then the periodic actions, each
+  on its own schedule (:func:`itstime`): log (``train.log_every``), evaluate
+  and the emergence metrics (``train.eval_every``; an evaluation is always
+  logged), checkpoint (``checkpoint.every``), and the progress bar. A stop
+  (``train.stop_at_step``, SIGTERM, SIGINT) logs and checkpoints the step it
+  stops after.
+  """
+
+  def __init__(self, configs: list[ml_collections.ConfigDict], workdirs: list[str]):
+    self.config = config = configs[0]
+    if distributed.requested(config):
+      distributed.initialize(config)
+    for c in configs:
+      config_lib.validate(c)
+    self.runs = [RunDir(c, w) for c, w in zip(configs, workdirs)]
+    for record in (False, True):
+      for run in self.runs:
+        _open_workdir(run.config, run.workdir, record)
+    self.k = len(self.runs)
+    self.mesh = sharding.make_mesh(config)
+    self.tx = make_optimizer(config.train)
+    self._init_state()
+    self._build_steps()
+    t = config.train
+    self.tokens_per_step = t.batch_size * config.data.seq_len  # per run; the group's step is K times that
+    self.flops_per_token = flops.train_flops_per_token(model_lib.ModelSpec.from_config(config), config.data.seq_len)
+    self.peak = flops.peak_flops_per_device(t.peak_flops)
+    self.schedule = learning_rate_schedule(t)
+    self.lasts: list[dict] = [{} for _ in self.runs]
+    self.saved = self.start
+    self._pending = None  # (step, finite flags) of the last step, checked a step late to keep dispatch async
+    self._window = (time.perf_counter(), 0)  # (start time, steps) since the last log
+
+  def _init_state(self) -> None:
+    """Fresh or restored params and optimizer state, and each run's checkpoint manager, writer and data iterator."""
+    config, runs = self.config, self.runs
+    seeds = None if self.k == 1 else [run.config.train.seed for run in runs]
+    graphdef, params, opt_state, param_sh, opt_sh = init_state(config, self.mesh, self.tx, seeds=seeds)
+    self.graphdef = graphdef
+    self.axis = seeds_lib.SeedAxis(self.k, param_sh, opt_sh, sharding.batch_sharding(self.mesh, config.mesh.rules))
     for run in runs:
-      _open_workdir(run.config, run.workdir, record)
-  k = len(runs)
-
-  mesh = sharding.make_mesh(config)
-  rules = config.mesh.rules
-  spec = model_lib.ModelSpec.from_config(config)
-  tx = make_optimizer(config.train)
-  graphdef, params, opt_state, param_sh, opt_sh = init_state(
-      config, mesh, tx, seeds=None if k == 1 else [c.train.seed for c in configs])
-  batch_sh = sharding.batch_sharding(mesh, rules)
-  axis = SeedAxis(k, param_sh, opt_sh, batch_sh)
-
-  t = config.train
-  seq_len = config.data.seq_len
-  for run in runs:
-    run.mgr = checkpoint.manager(run.workdir, config.checkpoint)
-  try:
-    start, restored = restore_runs(runs, *axis.abstract_run(params, opt_state))
-  except BaseException:
+      run.mgr = checkpoint.manager(run.workdir, config.checkpoint)
+    try:
+      self.start, restored = checkpoint.restore_group(runs, *self.axis.abstract_run(params, opt_state))
+    except BaseException:
+      for run in runs:
+        run.mgr.close()
+      raise
+    if self.start:
+      params, opt_state = self.axis.join(restored)
+      log.info("resumed from step %d of %s", self.start, ", ".join(run.workdir for run in runs))
+    self.params, self.opt_state = params, opt_state
     for run in runs:
-      run.mgr.close()
-    raise
-  if start:
-    params, opt_state = axis.join(restored)
-    log.info("resumed from step %d of %s", start, ", ".join(run.workdir for run in runs))
-  for run in runs:
-    run.writer = MetricsWriter(run.workdir, resume_step=start if start else None)
+      run.writer = MetricsWriter(run.workdir, resume_step=self.start if self.start else None)
 
-  train_step = jax.jit(axis.vmap(make_train_step(graphdef, tx, t.grad_accum)),
-                       in_shardings=(axis.param_sh, axis.opt_sh, axis.batch_sh),
-                       out_shardings=(axis.param_sh, axis.opt_sh, None), donate_argnums=(0, 1))
-  eval_step = jax.jit(axis.vmap(make_eval_step(graphdef), in_axes=(0, None)), in_shardings=(axis.param_sh, batch_sh))
-  dp = sharding.data_parallel_size(mesh, rules)
-  n_eval = max(dp, config.data.eval_sequences // dp * dp)
-  eval_tokens = data.eval_sequences(config.data, num_sequences=n_eval)
-  per_process = n_eval // jax.process_count()
-  eval_batch = jax.make_array_from_process_local_data(
-      batch_sh, eval_tokens[jax.process_index() * per_process:(jax.process_index() + 1) * per_process],
-      eval_tokens.shape)
-  emergence_hook = (emergence.EmergenceHook(config, graphdef, params, mesh, num_runs=0 if k == 1 else k)
-                    if t.emergence else None)
+  def _build_steps(self) -> None:
+    """The jitted train and eval steps, the held-out batch and the emergence hook."""
+    config, axis, t = self.config, self.axis, self.config.train
+    self.train_step = jax.jit(axis.vmap(make_train_step(self.graphdef, self.tx, t.grad_accum)),
+                              in_shardings=(axis.param_sh, axis.opt_sh, axis.batch_sh),
+                              out_shardings=(axis.param_sh, axis.opt_sh, None), donate_argnums=(0, 1))
+    batch_sh = sharding.batch_sharding(self.mesh, config.mesh.rules)
+    self.eval_step = jax.jit(axis.vmap(make_eval_step(self.graphdef), in_axes=(0, None)),
+                             in_shardings=(axis.param_sh, batch_sh))
+    dp = sharding.data_parallel_size(self.mesh, config.mesh.rules)
+    n_eval = max(dp, config.data.eval_sequences // dp * dp)
+    eval_tokens = data.eval_sequences(config.data, num_sequences=n_eval)
+    per_process = n_eval // jax.process_count()
+    mine = slice(jax.process_index() * per_process, (jax.process_index() + 1) * per_process)
+    self.eval_batch = jax.make_array_from_process_local_data(batch_sh, eval_tokens[mine], eval_tokens.shape)
+    self.hook = (emergence.EmergenceHook(config, self.graphdef, self.params, self.mesh,
+                                         num_runs=0 if self.k == 1 else self.k) if t.emergence else None)
 
-  flops_per_token = flops.train_flops_per_token(spec, seq_len)
-  peak = flops.peak_flops_per_device(t.peak_flops)
-  schedule = learning_rate_schedule(t)
-  tokens_per_step = t.batch_size * seq_len  # per run; the group's step is K times that
-  bar = _progress(config, start)
-  lasts: list[dict] = [{} for _ in runs]
-  saved = start
+  def run(self) -> list[dict]:
+    """Train from the restored step to ``train.steps`` (or a stop); returns each run's last logged metrics."""
+    t, every = self.config.train, self.config.checkpoint.every
+    bar = self._progress()
+    step = self.start
+    try:
+      with StopRequest() as stop:
+        for step in range(self.start + 1, t.steps + 1):
+          metrics = self._advance(step)
+          if bar is not None:
+            bar.update(1)
+          stopping = step == t.stop_at_step or stop.signal_name is not None
+          evaluate = itstime(step, t.eval_every, t.steps)
+          if evaluate or itstime(step, t.log_every, t.steps, force=stopping):
+            self._log(step, metrics, evaluate, bar)
+          if itstime(step, every, t.steps, force=stopping):
+            self._save(step)
+          if stopping:
+            why = f"on {stop.signal_name}" if stop.signal_name else "as train.stop_at_step asks"
+            log.warning("stopped after step %d %s, checkpoint saved; rerun the same command to resume", step, why)
+            break
+    except Exception as e:
+      if is_disk_full(e):
+        raise self._disk_full(step) from e
+      raise
+    finally:
+      # Also on an error or a stop: a checkpoint being written asynchronously must land, in every run.
+      self._finish(failing=sys.exc_info()[0] is not None, bar=bar)
+    return self.lasts
 
-  def check_finite(step_: int, finite) -> None:
-    bad = [run for run, ok in zip(runs, axis.per_run(finite)) if not ok]
+  def _progress(self):
+    if not (self.config.train.progress and jax.process_index() == 0):
+      return None
+    from tqdm import tqdm
+    return tqdm(total=self.config.train.steps, initial=self.start, unit="step", dynamic_ncols=True)
+
+  def _advance(self, step: int) -> dict:
+    """One train step on the next batch of every run; the previous step's finiteness is checked meanwhile."""
+    shape = (self.config.train.batch_size, self.config.data.seq_len + 1)
+    tokens = self.axis.batch([next(run.data_iter)["tokens"] for run in self.runs], shape)
+    self.params, self.opt_state, metrics = self.train_step(self.params, self.opt_state, tokens)
+    self._check_finite()
+    self._pending = (step, metrics["finite"])
+    self._window = (self._window[0], self._window[1] + 1)
+    return metrics
+
+  def _check_finite(self) -> None:
+    """Act on the pending step's finite flags (``train.nonfinite``: skip counts, stop raises)."""
+    if self._pending is None:
+      return
+    (step, finite), self._pending = self._pending, None
+    bad = [run for run, ok in zip(self.runs, self.axis.per_run(finite)) if not ok]
     if not bad:
       return
-    if t.nonfinite == "skip":
+    if self.config.train.nonfinite == "skip":
       for run in bad:
         run.skipped += 1
-        log.warning("non-finite loss or gradient at step %d%s: batch skipped (%d so far)", step_, run.label(k),
+        log.warning("non-finite loss or gradient at step %d%s: batch skipped (%d so far)", step, run.label(self.k),
                     run.skipped)
       return
-    where = ",".join(run.label(k) for run in bad)
+    where = ",".join(run.label(self.k) for run in bad)
     raise NonFiniteError(
-        f"non-finite loss or gradient at step {step_}{where}: the update was not applied and training stopped; "
-        f"the last checkpoint (step {saved}) is untouched. Rerun to resume from it, or set "
+        f"non-finite loss or gradient at step {step}{where}: the update was not applied and training stopped; "
+        f"the last checkpoint (step {self.saved}) is untouched. Rerun to resume from it, or set "
         f"--config.train.nonfinite=skip to drop such batches")
 
-  def save(step_: int) -> None:
-    nonlocal saved
-    for run, (run_params, run_opt_state) in zip(runs, axis.split(params, opt_state)):
-      checkpoint.save(run.mgr, step_, run_params, run_opt_state, run.data_iter, run.config)
-    saved = step_
+  def _log(self, step: int, metrics: dict, evaluate: bool, bar) -> None:
+    """One record per run in metrics.jsonl and TensorBoard; with ``evaluate`` also val_loss and the hook's metrics."""
+    self._check_finite()
+    metrics = jax.device_get(metrics)
+    per_run = self.axis.per_run
+    losses, grad_norms = per_run(metrics["loss"]), per_run(metrics["grad_norm"])
+    started, steps = self._window
+    tps = steps * self.tokens_per_step / (time.perf_counter() - started)  # per run: the group's divided by K
+    val = per_run(self.eval_step(self.params, self.eval_batch)) if evaluate else None
+    emerged = self.hook(self.params) if evaluate and self.hook is not None else None
+    per_device = tps / jax.device_count()
+    for i, run in enumerate(self.runs):
+      record = {"loss": losses[i], "grad_norm": grad_norms[i], "learning_rate": self.schedule(step - 1),
+                "tokens_per_s": tps, "tokens_per_s_per_device": per_device,
+                "tflops_per_device": per_device * self.flops_per_token / 1e12,
+                "mfu": per_device * self.flops_per_token / self.peak, "tokens": step * self.tokens_per_step,
+                "skipped_steps": run.skipped}
+      if val is not None:
+        record["val_loss"] = float(val[i])
+        record.update(emerged[i] if emerged is not None else {})
+      run.writer.write(step, record)
+      self.lasts[i] = record
+    if bar is not None:
+      bar.set_postfix(loss=f"{np.mean(losses):.3f}", tok_s=f"{self.k * tps:,.0f}",
+                      mfu=f"{self.k * self.lasts[0]['mfu']:.1%}")
+    self._window = (time.perf_counter(), 0)
 
-  def disk_full(e: BaseException, step_: int) -> OSError:
-    for run in runs:
+  def _save(self, step: int) -> None:
+    self._check_finite()  # never checkpoint a state whose last update was not finite
+    for run, (params, opt_state) in zip(self.runs, self.axis.split(self.params, self.opt_state)):
+      checkpoint.save(run.mgr, step, params, opt_state, run.data_iter, run.config)
+    self.saved = step
+
+  def _disk_full(self, step: int) -> OSError:
+    for run in self.runs:
       run.mgr.reload()
-    where = ", ".join(run.workdir for run in runs)
-    intact = "; ".join(f"{run.mgr.all_steps()}" + ("" if k == 1 else f" in {run.workdir}") for run in runs)
-    return OSError(errno.ENOSPC, f"no space left on the device of {where} at step {step_}; the complete "
+    where = ", ".join(run.workdir for run in self.runs)
+    intact = "; ".join(f"{run.mgr.all_steps()}" + ("" if self.k == 1 else f" in {run.workdir}") for run in self.runs)
+    return OSError(errno.ENOSPC, f"no space left on the device of {where} at step {step}; the complete "
                    f"checkpoints {intact} are intact (a partial one is never listed): free space and "
                    f"rerun the same command to resume")
 
-  pending = None  # (step, finite flags) of the previous step, checked one step late to keep dispatch async
-  window_start, window_steps = time.perf_counter(), 0
-  step = start
-  try:
-    with StopRequest() as stop:
-      for step in range(start + 1, t.steps + 1):
-        tokens = axis.batch([next(run.data_iter)["tokens"] for run in runs], (t.batch_size, seq_len + 1))
-        params, opt_state, metrics = train_step(params, opt_state, tokens)
-        if pending is not None:
-          check_finite(*pending)
-        pending = (step, metrics["finite"])
-        window_steps += 1
-        if bar is not None:
-          bar.update(1)
-        stopping = step == t.stop_at_step or stop.signal_name is not None
-        if step % t.log_every == 0 or step == t.steps or stopping:
-          check_finite(*pending)
-          pending = None
-          metrics = jax.device_get(metrics)
-          losses, grad_norms = axis.per_run(metrics["loss"]), axis.per_run(metrics["grad_norm"])
-          elapsed = time.perf_counter() - window_start
-          tps = window_steps * tokens_per_step / elapsed  # per run: the group's tokens/s divided by K
-          val = None
-          if step % t.eval_every == 0 or step == t.steps:
-            val = axis.per_run(eval_step(params, eval_batch))
-            emerged = emergence_hook(params) if emergence_hook is not None else None
-          for i, run in enumerate(runs):
-            lasts[i] = {"loss": losses[i], "grad_norm": grad_norms[i], "learning_rate": schedule(step - 1),
-                        "tokens_per_s": tps, "tokens_per_s_per_device": tps / jax.device_count(),
-                        "tflops_per_device": tps * flops_per_token / jax.device_count() / 1e12,
-                        "mfu": tps * flops_per_token / jax.device_count() / peak, "tokens": step * tokens_per_step,
-                        "skipped_steps": run.skipped}
-            if val is not None:
-              lasts[i]["val_loss"] = float(val[i])
-              if emerged is not None:
-                lasts[i].update(emerged[i])
-            run.writer.write(step, lasts[i])
-          if bar is not None:
-            bar.set_postfix(loss=f"{np.mean(losses):.3f}", tok_s=f"{k * tps:,.0f}", mfu=f"{k * lasts[0]['mfu']:.1%}")
-          window_start, window_steps = time.perf_counter(), 0
-        if step % config.checkpoint.every == 0 or step == t.steps or stopping:
-          if pending is not None:
-            check_finite(*pending)
-            pending = None
-          save(step)
-        if stopping:
-          why = f"on {stop.signal_name}" if stop.signal_name else "as train.stop_at_step asks"
-          log.warning("stopped after step %d %s, checkpoint saved; rerun the same command to resume", step, why)
-          break
-  except Exception as e:
-    if is_disk_full(e):
-      raise disk_full(e, step) from e
-    raise
-  finally:
-    # Also on an error or a stop: a checkpoint being written asynchronously must land, in every run.
-    failing = sys.exc_info()[0] is not None
+  def _finish(self, failing: bool, bar) -> None:
+    """Let pending checkpoints land and close every writer; the first failure is raised unless one is already."""
     first = None
-    for run in runs:
+    for run in self.runs:
       try:
         run.mgr.wait_until_finished()
         run.mgr.close()
         run.writer.close()
       except Exception as e:  # e.g. a full disk when writing the checkpoint or flushing TensorBoard events
         if failing or first is not None:
-          log.warning("finishing %s (checkpoint %d, metrics) after an error failed too: %s", run.workdir, saved,
-                      str(e)[:300])
+          log.warning("finishing %s (checkpoint %d, metrics) after an error failed too: %s", run.workdir,
+                      self.saved, str(e)[:300])
         else:
           first = e
     if bar is not None:
       bar.close()
     if first is not None:
       if is_disk_full(first):
-        raise disk_full(first, saved) from first
+        raise self._disk_full(self.saved) from first
       raise first
-  return lasts

@@ -67,6 +67,24 @@ def test_workdir_outputs(tmp_path):
   assert os.listdir(tmp_path / "tensorboard")
 
 
+def test_evaluation_follows_eval_every_not_log_every(tmp_path):
+  """Each periodic action keeps its own schedule: an evaluation step that is not a logging step still evaluates
+  (and logs), a logging step that is not an evaluation step does not evaluate, the last step does both."""
+  train(config(**{"train.steps": 6, "train.log_every": 2, "train.eval_every": 3, "train.emergence": False}),
+        str(tmp_path))
+  records = read_metrics(tmp_path)
+  assert [m["step"] for m in records] == [2, 3, 4, 6]
+  assert [m["step"] for m in records if "val_loss" in m] == [3, 6]
+  assert all("loss" in m and "tokens_per_s" in m for m in records)
+
+
+def test_itstime():
+  from abspos_jax.train_loop import itstime
+  assert [s for s in range(1, 11) if itstime(s, 4, 10)] == [4, 8, 10]
+  assert [s for s in range(1, 11) if itstime(s, 0, 10)] == [10]
+  assert itstime(3, 4, 10, force=True)
+
+
 def test_workdir_with_other_config_is_refused(tmp_path):
   train(config(), str(tmp_path))
   with pytest.raises(ConfigError, match=r"model\.num_layers: stored 2, now 3"):
