@@ -168,6 +168,19 @@ def restore_meta(mgr: ocp.CheckpointManager, step: int) -> dict:
   return mgr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta
 
 
+def saved_steps(workdir: str) -> list[int]:
+  """The steps of the complete checkpoints in ``workdir/checkpoints``, oldest first (``[]`` when there is none).
+
+  Read from the directory names alone (no restore): orbax names a checkpoint by
+  its step and writes a save in progress as ``<step>.orbax-checkpoint-tmp-*``
+  until it is complete, so a digits-only name is a finished checkpoint.
+  """
+  path = os.path.join(workdir, "checkpoints")
+  if not os.path.isdir(path):
+    return []
+  return sorted(int(n) for n in os.listdir(path) if n.isdigit() and os.path.isdir(os.path.join(path, n)))
+
+
 def kept_steps(workdir: str) -> tuple[ml_collections.ConfigDict, list[int]]:
   """``(config, steps)``: the resolved config of a run and its complete checkpoints, oldest first.
 
@@ -182,9 +195,7 @@ def kept_steps(workdir: str) -> tuple[ml_collections.ConfigDict, list[int]]:
   with open(config_path) as f:
     config = ml_collections.ConfigDict(json.load(f))
   config.mesh.shape, config.mesh.axes = tuple(config.mesh.shape), tuple(config.mesh.axes)
-  mgr = manager(workdir, read_only=True)
-  steps = sorted(mgr.all_steps())
-  mgr.close()
+  steps = saved_steps(workdir)
   if not steps:
     raise ValueError(f"{workdir}/checkpoints holds no complete checkpoint")
   return config, steps

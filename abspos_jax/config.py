@@ -199,6 +199,15 @@ def resolve_mesh_shape(config: ml_collections.ConfigDict, num_devices: int | Non
   return shape
 
 
+def workdir_diff(workdir: str, config: ml_collections.ConfigDict) -> list[tuple[str, Any, Any]]:
+  """:func:`diff` of the run recorded in ``workdir/config.json`` against ``config`` (``[]`` when none is recorded)."""
+  path = os.path.join(workdir, "config.json")
+  if not os.path.exists(path):
+    return []
+  with open(path) as f:
+    return diff(json.load(f), to_dict(config))
+
+
 def diff(stored: dict, current: dict) -> list[tuple[str, Any, Any]]:
   """Fields (outside :data:`RESUMABLE_FIELDS`) whose values differ: ``[(field, stored, current)]``.
 

@@ -17,7 +17,6 @@ K ordinary run directories, each exactly what ``train`` with that
 import copy
 import dataclasses
 import errno
-import json
 import logging
 import os
 import signal
@@ -32,7 +31,8 @@ import ml_collections
 import numpy as np
 from flax import nnx
 
-from abspos_jax import atomic, checkpoint, data, distributed, emergence, flops, model as model_lib, sharding
+from abspos_jax import atomic, checkpoint, data, distributed, flops, model as model_lib, sharding
+from abspos_jax.analysis import emergence_hook
 from abspos_jax import config as config_lib
 from abspos_jax import seeds as seeds_lib
 from abspos_jax.metrics import MetricsWriter
@@ -44,19 +44,14 @@ log = logging.getLogger("abspos_jax")
 
 def check_workdir(config: ml_collections.ConfigDict, workdir: str, record: bool = True) -> None:
   """Refuse a workdir that holds a run with a different config; record ours otherwise (when ``record``)."""
-  path = os.path.join(workdir, "config.json")
-  current = config_lib.to_dict(config)
-  if os.path.exists(path):
-    with open(path) as f:
-      stored = json.load(f)
-    differing = config_lib.diff(stored, current)
-    if differing:
-      lines = "\n".join(f"  {name}: stored {a!r}, now {b!r}" for name, a, b in differing)
-      raise config_lib.ConfigError(
-          f"{workdir} holds a run with a different config; resume only with the same config, "
-          f"or choose another --workdir. Differing fields:\n{lines}")
+  differing = config_lib.workdir_diff(workdir, config)
+  if differing:
+    lines = "\n".join(f"  {name}: stored {a!r}, now {b!r}" for name, a, b in differing)
+    raise config_lib.ConfigError(
+        f"{workdir} holds a run with a different config; resume only with the same config, "
+        f"or choose another --workdir. Differing fields:\n{lines}")
   if record and jax.process_index() == 0:
-    atomic.write_json(path, current)
+    atomic.write_json(os.path.join(workdir, "config.json"), config_lib.to_dict(config))
 
 
 def init_state(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, tx, seeds: Sequence[int] | None = None):
@@ -266,7 +261,7 @@ class Trainer:
     per_process = n_eval // jax.process_count()
     mine = slice(jax.process_index() * per_process, (jax.process_index() + 1) * per_process)
     self.eval_batch = jax.make_array_from_process_local_data(batch_sh, eval_tokens[mine], eval_tokens.shape)
-    self.hook = (emergence.EmergenceHook(config, self.graphdef, self.params, self.mesh,
+    self.hook = (emergence_hook.EmergenceHook(config, self.graphdef, self.params, self.mesh,
                                          num_runs=0 if self.k == 1 else self.k) if t.emergence else None)
 
   def run(self) -> list[dict]:

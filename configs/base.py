@@ -71,7 +71,7 @@ def get_config() -> ml_collections.ConfigDict:
   t.log_every = 10
   t.eval_every = 200
   # At every evaluation: sink rates, position-0 norm ratios and pooled leakage of a fixed
-  # validation batch (abspos_jax/emergence.py, docs/emergence.md); False turns it off.
+  # validation batch (abspos_jax/analysis/emergence_hook.py, docs/emergence.md); False turns it off.
   t.emergence = True
   t.emergence_sequences = 16  # validation sequences the emergence metrics read (>= 2)
   t.peak_flops = 0.0  # per-device peak FLOP/s for MFU; 0: a measured matmul peak of this device

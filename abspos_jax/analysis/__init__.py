@@ -10,7 +10,7 @@ Add a statistic at any hook point with :class:`Statistic`.
 """
 
 from abspos_jax.analysis.analysis_pass import Statistic
-from abspos_jax.analysis.cli import analyze_all_steps, analyze_hf, analyze_run
+from abspos_jax.analysis.api import analyze_all_steps, analyze_hf, analyze_run
 from abspos_jax.analysis.run import AnalysisOptions, AnalysisResult, analyze
 
 __all__ = ["AnalysisOptions", "AnalysisResult", "Statistic", "analyze", "analyze_all_steps", "analyze_hf",

@@ -181,7 +181,7 @@ def make_core_step(graphdef: nnx.GraphDef, design: FEDesign,
                    x0_groups: jax.Array | None = None):
   """``step(params, acc, tokens [B, T], seq_ids [B]) -> acc``: one forward, only the core statistics.
 
-  What the training-time emergence hook (``abspos_jax/emergence.py``) runs:
+  What the training-time emergence hook (``analysis/emergence_hook.py``) runs:
   the baseline step without the closedness forward, the probes and the loss.
   """
   def step(params, acc, tokens, seq_ids):

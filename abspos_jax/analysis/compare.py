@@ -5,7 +5,7 @@ reported as mean +- standard deviation (ddof 1) over the group's seeds, and a
 group of one run as its value with its summary.json interval (``KEY_ci``). Runs
 whose ``metrics.jsonl`` holds the training-time emergence metrics also get
 their curves against training tokens (``emergence.png``, and per group under
-``emergence`` in ``comparison.json``; see ``analysis/emergence.py``).
+``emergence`` in ``comparison.json``; see ``analysis/curves.py``).
 """
 
 import json
@@ -14,7 +14,7 @@ import os
 import numpy as np
 
 from abspos_jax import config as config_lib
-from abspos_jax.analysis import emergence, family
+from abspos_jax.analysis import curves, family
 
 # (name in the table, path into summary.json); a list value is averaged over layers.
 METRICS = (
@@ -109,15 +109,15 @@ def compare(run_dirs: list[str], out: str) -> dict:
                    "std": float(np.nanstd(vals, ddof=1)) if np.isfinite(vals).sum() > 1 else None,
                    "values": [None if not np.isfinite(v) else float(v) for v in vals],
                    "intervals": [_get_ci(r["summary"], path) for r in runs]}
-    curves = {r["dir"]: emergence.run_curves(r["dir"]) for r in runs}
-    row["emergence"] = {d: c for d, c in curves.items() if c is not None}
+    by_run = {r["dir"]: curves.run_curves(r["dir"]) for r in runs}
+    row["emergence"] = {d: c for d, c in by_run.items() if c is not None}
     table[key] = row
   os.makedirs(out, exist_ok=True)
   with open(os.path.join(out, "comparison.json"), "w") as f:
     json.dump(table, f, indent=1)
-  curves = {d: c for row in table.values() for d, c in row["emergence"].items()}
-  if curves:
-    emergence.curves_figure(curves, os.path.join(out, "emergence.png"))
+  by_run = {d: c for row in table.values() for d, c in row["emergence"].items()}
+  if by_run:
+    curves.curves_figure(by_run, os.path.join(out, "emergence.png"))
   with open(os.path.join(out, "comparison.md"), "w") as f:
     f.write(render(table))
   figure(table, os.path.join(out, "comparison.png"))

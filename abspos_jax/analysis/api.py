@@ -11,7 +11,7 @@ import ml_collections
 
 from abspos_jax import atomic, checkpoint, data
 from abspos_jax.data import builders
-from abspos_jax.analysis import emergence, outputs
+from abspos_jax.analysis import curves, outputs
 from abspos_jax.analysis.run import AnalysisOptions, AnalysisResult, analyze
 from abspos_jax.sweep import ESTIMATORS
 
@@ -58,7 +58,7 @@ def _previous(path: str, workdir: str, step: int, num_sequences: int, split: str
 
 def analyze_all_steps(workdir: str, *, out: str | None = None, num_sequences: int = 256, split: str = "validation",
                       seq_len: int | None = None, options: AnalysisOptions = AnalysisOptions()) -> list[dict]:
-  """Analyse every kept checkpoint of ``workdir``; returns one ``emergence.step_record`` per step.
+  """Analyse every kept checkpoint of ``workdir``; returns one ``curves.step_record`` per step.
 
   Writes ``OUT/step_<N>/`` (the full analysis of step N, as ``analyze_run``
   writes it) for every checkpoint, then ``OUT/steps.json`` and
@@ -81,9 +81,9 @@ def analyze_all_steps(workdir: str, *, out: str | None = None, num_sequences: in
     if summary is None:
       summary = analyze_run(workdir, step=step, out=step_out, num_sequences=num_sequences, split=split,
                             seq_len=seq_len, options=options).summary
-    records.append(emergence.step_record(step, summary, config.train.batch_size * config.data.seq_len))
+    records.append(curves.step_record(step, summary, config.train.batch_size * config.data.seq_len))
   if jax.process_index() == 0:
-    emergence.write_steps(root, records, workdir)
+    curves.write_steps(root, records, workdir)
     if out is None:
       with atomic.directory(os.path.join(workdir, "analysis"), ".analysis-") as tmp:
         shutil.copytree(os.path.join(root, f"step_{steps[-1]}"), tmp, dirs_exist_ok=True)

@@ -1,7 +1,7 @@
 """Emergence over training: the hook's curves against tokens, and the analysis of every kept checkpoint.
 
 * :func:`run_curves` reads the metrics that the training-time emergence hook
-  (``abspos_jax/emergence.py``) logs into ``metrics.jsonl``;
+  (``analysis/emergence_hook.py``) logs into ``metrics.jsonl``;
   :func:`curves_figure` plots them against training tokens, one panel per
   quantity and one line per run (``analyze.py --compare`` writes it as
   ``emergence.png``).
