@@ -11,7 +11,7 @@ import pytest
 from flax import nnx
 
 from abspos_jax import checkpoint, data, sharding
-from abspos_jax.analysis import AnalysisOptions, analyze, analyze_all_steps, analyze_run, cli
+from abspos_jax.analysis import AnalysisOptions, analyze, analyze_all_steps, analyze_run, api
 from abspos_jax.analysis.compare import compare
 from abspos_jax.analysis.curves import run_curves
 from abspos_jax.config import ConfigError, validate
@@ -135,7 +135,7 @@ def test_all_steps_and_emergence_curves(run_dir, tmp_path, monkeypatch):
   latest = json.loads((run_dir / "analysis" / "summary.json").read_text())
   assert latest["meta"]["step"] == 4 and latest["num_sequences"] == 4
   # A rerun with the same settings reads the analyses back instead of recomputing them.
-  monkeypatch.setattr(cli, "analyze_run", lambda *a, **k: pytest.fail("step analysed again"))
+  monkeypatch.setattr(api, "analyze_run", lambda *a, **k: pytest.fail("step analysed again"))
   assert analyze_all_steps(str(run_dir), num_sequences=4, options=NO_INTERVENTIONS) == steps
 
   curves = run_curves(str(run_dir))

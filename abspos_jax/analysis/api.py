@@ -11,9 +11,8 @@ import ml_collections
 
 from abspos_jax import atomic, checkpoint, data
 from abspos_jax.data import builders
-from abspos_jax.analysis import curves, outputs
+from abspos_jax.analysis import curves, outputs, schema
 from abspos_jax.analysis.run import AnalysisOptions, AnalysisResult, analyze
-from abspos_jax.sweep import ESTIMATORS
 
 
 def analyze_run(workdir: str, *, step: int | None = None, out: str | None = None, num_sequences: int = 256,
@@ -48,7 +47,7 @@ def _previous(path: str, workdir: str, step: int, num_sequences: int, split: str
     return None
   with open(path) as f:
     s = json.load(f)
-  if s.get("estimators") != ESTIMATORS:  # an older analysis: its keys and numbers differ
+  if s.get("estimators") != schema.ESTIMATORS:  # an older analysis: its keys and numbers differ
     return None
   m = s.get("meta", {})
   same_options = {**m.get("options", {}), "progress": None} == {**dataclasses.asdict(options), "progress": None}

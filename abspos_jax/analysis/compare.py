@@ -14,23 +14,21 @@ import os
 import numpy as np
 
 from abspos_jax import config as config_lib
-from abspos_jax.analysis import curves, family
+from abspos_jax.analysis import curves, family, schema
 
 # (name in the table, path into summary.json); a list value is averaged over layers.
 METRICS = (
-    ("loss", ("loss", "MAIN")),
-    ("leakage log a", ("leakage", "log_weights_overall")),
-    ("causal-mask share", ("components", "pooled", "causal_mask")),
-    ("residual share", ("components", "pooled", "residual_stream")),
-    ("residual share (early)", ("components", "pooled_early", "residual_stream")),
-    ("pos0 norm ratio (last)", ("position0", "norm_ratio", -1)),
-    ("BOS fingerprint (max)", ("fingerprint", "bos", "MAX")),
-    ("no-BOS fingerprint (mean)", ("fingerprint", "no_bos", "MEAN")),
-    ("max sink score (held out)", ("sink_score_max",)),
-    ("BOS-replace[mean] residual change (early, nats^2)",
-     ("interventions", "bos_replace", "mean", "residual_stream_change_early")),
-    ("BOS-replace[mean] residual removed (early)",
-     ("interventions", "bos_replace", "mean", "residual_stream_removed_early")),
+    ("loss", (*schema.LOSS, "MAIN")),
+    ("leakage log a", schema.LEAKAGE_LOG_WEIGHTS),
+    ("causal-mask share", (*schema.POOLED, "causal_mask")),
+    ("residual share", (*schema.POOLED, "residual_stream")),
+    ("residual share (early)", (*schema.POOLED_EARLY, "residual_stream")),
+    ("pos0 norm ratio (last)", (*schema.POS0_NORM_RATIO, -1)),
+    ("BOS fingerprint (max)", (*schema.FINGERPRINT_BOS, "MAX")),
+    ("no-BOS fingerprint (mean)", (*schema.FINGERPRINT_NO_BOS, "MEAN")),
+    ("max sink score (held out)", schema.SINK_SCORE_MAX),
+    ("BOS-replace[mean] residual change (early, nats^2)", (*schema.BOS_REPLACE, "mean", "residual_stream_change_early")),
+    ("BOS-replace[mean] residual removed (early)", (*schema.BOS_REPLACE, "mean", "residual_stream_removed_early")),
 )
 
 
@@ -38,11 +36,7 @@ def _get_ci(summary: dict, path: tuple) -> list | None:
   """The ``[lo, hi]`` interval summary.json keeps beside a scalar at ``path`` (``KEY_ci``), else None."""
   if not isinstance(path[-1], str) or path[-1].isupper():
     return None
-  x = summary
-  for key in (*path[:-1], path[-1] + "_ci"):
-    if not isinstance(x, dict) or key not in x:
-      return None
-    x = x[key]
+  x = schema.interval(summary, path)
   if not isinstance(x, list) or len(x) != 2 or any(isinstance(v, list) for v in x):
     return None  # a per-layer list of intervals: the table shows scalars
   return [None if v is None or not np.isfinite(v) else float(v) for v in x]

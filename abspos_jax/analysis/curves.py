@@ -20,6 +20,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from abspos_jax.analysis import schema  # noqa: E402
 from abspos_jax.analysis.figures import ci_errors  # noqa: E402
 from abspos_jax.metrics import read_metrics  # noqa: E402
 
@@ -113,24 +114,21 @@ def step_record(step: int, summary: dict, tokens_per_step: int | None = None) ->
   interval has it beside it as ``KEY_ci`` (``[lo, hi]``, None where the
   summary has none).
   """
-  c = summary["components"]
-  rec = {"step": step, "tokens": None if tokens_per_step is None else step * tokens_per_step,
-         "leakage_log_weights": summary["leakage"]["log_weights_overall"],
-         "leakage_log_weights_ci": summary["leakage"].get("log_weights_overall_ci"),
-         "sink_score_max": summary["sink_score_max"], "sink_score_max_ci": summary.get("sink_score_max_ci"),
-         "sink_rate": summary["sink_rate"]}
-  for suffix in ("", "_early"):
-    pooled = c["pooled" + suffix]
+  rec = {"step": step, "tokens": None if tokens_per_step is None else step * tokens_per_step}
+  for name, path in (("leakage_log_weights", schema.LEAKAGE_LOG_WEIGHTS), ("sink_score_max", schema.SINK_SCORE_MAX)):
+    rec[name], rec[name + "_ci"] = schema.get(summary, path), schema.interval(summary, path)
+  rec["sink_rate"] = schema.get(summary, schema.SINK_RATE)
+  for suffix, pooled in (("", schema.POOLED), ("_early", schema.POOLED_EARLY)):
     for name, key in (("causal_mask_share", "causal_mask"), ("residual_stream_share", "residual_stream"),
                       ("leakage_share", "leakage_share")):
-      rec[name + suffix] = pooled[key]
-      rec[f"{name}{suffix}_ci"] = pooled.get(key + "_ci")
-  iv = summary.get("interventions")
-  if iv and any(isinstance(v, dict) for v in iv["bos_replace"].values()):
+      rec[name + suffix] = schema.get(summary, (*pooled, key))
+      rec[f"{name}{suffix}_ci"] = schema.interval(summary, (*pooled, key))
+  kinds = schema.get(summary, schema.BOS_REPLACE, {})
+  if any(isinstance(v, dict) for v in kinds.values()):
     rec["bos_replace"] = {kind: {f"{comp}_{what}{suffix}{ci}": v.get(f"{comp}_{what}{suffix}{ci}")
                                  for comp in ("residual_stream", "causal_mask") for what in ("change", "removed")
                                  for suffix in ("", "_early") for ci in ("", "_ci")}
-                          for kind, v in iv["bos_replace"].items() if isinstance(v, dict)}
+                          for kind, v in kinds.items() if isinstance(v, dict)}
   return rec
 
 

@@ -28,8 +28,9 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
-from abspos_jax.analysis import fixed_effects as fe, layers
+from abspos_jax.analysis import fixed_effects as fe, layers, schema
 
 QUANTITIES = ("log_z", "excess", "entropy", "max_weight", "sink_mass")
 
@@ -164,4 +165,22 @@ def finalize(acc: dict, visible: jax.Array, keep: jax.Array | None = None) -> di
   out["log_z_slope"] = _slope(log_v, out["log_z"], counts)
   out["log_visible"] = log_v
   out["n_sequences"] = n_all
+  return out
+
+
+def summarize(den: dict[str, jax.Array]) -> dict:
+  """summary.json's ``denominators`` from :func:`finalize`'s results: per-layer means, JSON-ready."""
+  return {"log_z_slope_layer": schema.tolist(jnp.nanmean(den["log_z_slope"], -1)),
+          "log_z_slope": schema.tolist(den["log_z_slope"]),
+          "excess_mean_layer": schema.tolist(den["excess"].mean((-1, -2))),
+          "entropy_mean_layer": schema.tolist(den["entropy"].mean((-1, -2))),
+          "max_weight_mean_layer": schema.tolist(den["max_weight"].mean((-1, -2)))}
+
+
+def arrays(den: dict[str, jax.Array]) -> dict[str, np.ndarray]:
+  """stats.npz's denominator arrays: ``log_visible [query]`` and each of :data:`QUANTITIES` (and ``_std``)
+  ``[layer, head, query]``."""
+  out = {"log_visible": np.asarray(den["log_visible"])}
+  for name in QUANTITIES:
+    out[name], out[name + "_std"] = np.asarray(den[name]), np.asarray(den[name + "_std"])
   return out

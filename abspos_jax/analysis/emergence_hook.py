@@ -44,7 +44,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from abspos_jax import data
-from abspos_jax.analysis import fixed_effects
+from abspos_jax.analysis import fixed_effects, schema
 from abspos_jax.analysis.analysis_pass import init_core, make_core_step
 from abspos_jax.analysis.run import AnalysisOptions, finalize_core, fingerprint_groups, layer_visible
 from abspos_jax.config import ConfigError
@@ -53,25 +53,25 @@ from abspos_jax.model import ModelSpec
 log = logging.getLogger("abspos_jax")
 
 
+# Per-layer hook metrics: logged as NAME_l{l} for l < num_layers + this.
+_PER_LAYER = {"sink_rate": 0, "pos0_norm_ratio": 1}
+
+
 def metric_names(num_layers: int) -> list[str]:
   """The statistics' keys in a metrics record (``emergence_seconds`` and ``emergence_fraction`` aside)."""
-  return ([f"sink_rate_l{l}" for l in range(num_layers)] + ["sink_score_max"]
-          + [f"pos0_norm_ratio_l{l}" for l in range(num_layers + 1)]
-          + ["leakage_log_weights", "causal_mask_share", "residual_stream_share",
-             "causal_mask_share_early", "residual_stream_share_early"])
+  return [key for name in schema.HOOK_METRICS for key in (
+      [f"{name}_l{l}" for l in range(num_layers + _PER_LAYER[name])] if name in _PER_LAYER else [name])]
 
 
 def metrics_from_core(fin: dict[str, dict[str, jax.Array]]) -> dict[str, jax.Array]:
-  """The logged statistics from ``run.finalize_core``'s results (scalars, keyed as :func:`metric_names`)."""
-  sink_rate, ratio = fin["sinks"]["sink_rate"], fin["position0"]["pos0_norm_ratio"]
-  lk = fin["leakage"]
-  return {**{f"sink_rate_l{l}": sink_rate[l] for l in range(sink_rate.shape[0])},
-          "sink_score_max": fin["sinks"]["sink_score_max"],
-          **{f"pos0_norm_ratio_l{l}": ratio[l] for l in range(ratio.shape[0])},
-          "leakage_log_weights": lk["leakage_loga_overall"],
-          "causal_mask_share": lk["share_mask_overall"], "residual_stream_share": lk["share_res_overall"],
-          "causal_mask_share_early": lk["early_share_mask_overall"],
-          "residual_stream_share_early": lk["early_share_res_overall"]}
+  """The logged statistics from ``run.finalize_core``'s results (scalars, keyed as :func:`metric_names`);
+  which result each one is: ``schema.HOOK_METRICS``."""
+  out = {}
+  for name, (_, source) in schema.HOOK_METRICS.items():
+    group, key = source.split(".")
+    x = fin[group][key]
+    out.update({f"{name}_l{l}": x[l] for l in range(x.shape[0])} if name in _PER_LAYER else {name: x})
+  return out
 
 
 class EmergenceHook:

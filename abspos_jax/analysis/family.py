@@ -27,27 +27,18 @@ import warnings
 
 import numpy as np
 
+from abspos_jax.analysis import schema
+
 LAYER_KEYS = {
-    "causal_mask": ("components", "causal_mask"),
-    "residual_stream": ("components", "residual_stream"),
-    "causal_mask_early": ("components", "causal_mask_early"),
-    "residual_stream_early": ("components", "residual_stream_early"),
-    "sink_rate": ("sink_rate",),
-    "pos0_norm_ratio": ("position0", "norm_ratio"),
-    "fingerprint_bos": ("fingerprint", "bos"),
-    "fingerprint_no_bos": ("fingerprint", "no_bos"),
+    "causal_mask": schema.CAUSAL_MASK_LAYER,
+    "residual_stream": schema.RESIDUAL_STREAM_LAYER,
+    "causal_mask_early": schema.CAUSAL_MASK_LAYER_EARLY,
+    "residual_stream_early": schema.RESIDUAL_STREAM_LAYER_EARLY,
+    "sink_rate": schema.SINK_RATE,
+    "pos0_norm_ratio": schema.POS0_NORM_RATIO,
+    "fingerprint_bos": schema.FINGERPRINT_BOS,
+    "fingerprint_no_bos": schema.FINGERPRINT_NO_BOS,
 }
-INTERVENTIONS = ("bos_replace.mean", "bos_replace.token", "bos_replace.zeros", "bos_replace.random", "pos0_patch",
-                 "sink_ablate")
-
-
-def _lookup(summary: dict, path: tuple):
-  x = summary
-  for key in path:
-    if not isinstance(x, dict) or key not in x:
-      return None
-    x = x[key]
-  return x
 
 
 def _array(x) -> np.ndarray:
@@ -77,12 +68,12 @@ def summarise(groups: dict[str, list[dict]]) -> dict:
   for label, summaries in groups.items():
     entry: dict = {"num_runs": len(summaries), "layers": {}, "interventions": {}}
     for key, path in LAYER_KEYS.items():
-      vals = [_array(_lookup(s, path)) for s in summaries if _lookup(s, path) is not None]
+      vals = [_array(schema.get(s, path)) for s in summaries if schema.get(s, path) is not None]
       if vals and len({v.shape for v in vals}) == 1:
         entry["layers"][key] = _stat(vals)
-    for name in INTERVENTIONS:
-      path = ("interventions", *name.split("."))
-      found = [_lookup(s, path) for s in summaries]
+    for name in schema.INTERVENTION_NAMES:
+      path = (*schema.INTERVENTIONS, *name.split("."))
+      found = [schema.get(s, path) for s in summaries]
       if all(isinstance(f, dict) for f in found):
         entry["interventions"][name] = {
             scope: _stat([_array(f.get(f"residual_stream_{what}{suffix}")) for f in found])
@@ -155,19 +146,19 @@ def _interventions_figure(table: dict, path: str) -> None:
   if not labels:
     return
   fig, axes = plt.subplots(2, 2, figsize=(max(8, 1.6 * len(labels) * 2), 7.0), sharey="row", squeeze=False)
-  width = 0.8 / len(INTERVENTIONS)
+  width = 0.8 / len(schema.INTERVENTION_NAMES)
   x = np.arange(len(labels))
   for row, (what, unit) in enumerate((("", "fraction removed (dashed: the paper's ~0.4)"),
                                       ("change", "change, after - before (nats^2)"))):
     for ax, scope in zip(axes[row], ("early", "pooled")):
       key = scope if not what else ("change_early" if scope == "early" else "change")
-      for k, name in enumerate(INTERVENTIONS):
+      for k, name in enumerate(schema.INTERVENTION_NAMES):
         have = [name in table[g]["interventions"] and key in table[g]["interventions"][name] for g in labels]
         means = [_array(table[g]["interventions"][name][key]["mean"])[0] if h else np.nan
                  for g, h in zip(labels, have)]
         errs = [np.nan_to_num(_array(table[g]["interventions"][name][key]["std"])[0]) if h else 0.0
                 for g, h in zip(labels, have)]
-        ax.bar(x + (k - len(INTERVENTIONS) / 2 + 0.5) * width, means, width, yerr=errs, capsize=2, label=name)
+        ax.bar(x + (k - len(schema.INTERVENTION_NAMES) / 2 + 0.5) * width, means, width, yerr=errs, capsize=2, label=name)
       ax.axhline(0, color="k", lw=0.6)
       if not what:
         ax.axhline(0.4, color="gray", lw=0.8, ls="--")

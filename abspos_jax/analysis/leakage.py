@@ -56,8 +56,9 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
-from abspos_jax.analysis import denominators, fixed_effects as fe, layers
+from abspos_jax.analysis import denominators, fixed_effects as fe, layers, schema
 
 SUMS = ("os", "qs", "qq", "qr")  # per offset, per query, per query of y^2, per query of y * ref
 _BASE = ("var_phi", "var_total", "cov_mask", "cov_res", "var_mask", "var_res")
@@ -369,4 +370,40 @@ def finalize(acc: dict, design: fe.FEDesign, keep: jax.Array | None = None,
     for scope in ("", "_layer", "_overall"):
       for k, (num, den) in _RATIOS.items():
         out[prefix + k + scope] = _div(out[prefix + num + scope], out[prefix + den + scope])
+  return out
+
+
+def _components(ci: dict) -> dict:
+  """summary.json's ``components``: the shares per layer, pooled and per head, with their intervals."""
+  out = {}
+  for prefix, suffix in (("", ""), ("early_", "_early")):
+    pooled, per_head = {}, {}
+    for comp, share, var in (("causal_mask", "share_mask", "var_mask"), ("residual_stream", "share_res", "var_res")):
+      out.update(schema.with_ci(ci, f"leakage.{prefix}{share}_layer", comp + suffix))
+      pooled.update(schema.with_ci(ci, f"leakage.{prefix}{share}_overall", comp))
+      pooled.update(schema.with_ci(ci, f"leakage.{prefix}{var}_overall", comp + "_var"))
+      per_head.update(schema.with_ci(ci, f"leakage.{prefix}{share}", comp))
+    pooled.update(schema.with_ci(ci, f"leakage.{prefix}leakage_share_overall", "leakage_share"))
+    out["pooled" + suffix] = pooled
+    out["per_head" + suffix] = per_head
+    out["leakage_share" + suffix] = schema.tolist(ci["value"][f"leakage.{prefix}leakage_share_layer"])
+  return out
+
+
+def summarize(ci: dict) -> dict:
+  """summary.json's ``leakage`` and ``components`` from the jackknife summary ``ci`` (keys ``leakage.<name>``)."""
+  out = {}
+  for key, name in (("logits", "s"), ("log_weights", "loga")):
+    for scope in ("_layer", "_overall"):
+      out.update(schema.with_ci(ci, f"leakage.leakage_{name}{scope}", key + scope))
+  return {"leakage": out, "components": _components(ci)}
+
+
+def arrays(fin: dict[str, jax.Array], ci: dict) -> dict[str, np.ndarray]:
+  """stats.npz's leakage arrays: the query effects ``phi_* [layer, head, query]`` and ``zmask``, and the shares
+  and leakages ``[layer, head]`` with their interval bounds (``_lo``, ``_hi``)."""
+  out = {name: np.asarray(fin[name]) for name in ("phi_s", "phi_zmask", "phi_zres", "phi_loga", "zmask")}
+  for name in ("share_mask", "share_res", "early_share_mask", "early_share_res", "leakage_s", "leakage_loga"):
+    key = f"leakage.{name}"
+    out[name], out[name + "_lo"], out[name + "_hi"] = (np.asarray(ci[k][key]) for k in ("value", "lo", "hi"))
   return out

@@ -29,6 +29,9 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
+
+from abspos_jax.analysis import schema
 
 
 def _cos(a: jax.Array, b: jax.Array) -> jax.Array:
@@ -120,3 +123,29 @@ def closedness_max_abs_diff(h_a: jax.Array, h_b: jax.Array) -> jax.Array:
   a causal model.
   """
   return jnp.abs(h_a[:, :, 0] - h_b[:, :, 0]).max((0, 2))
+
+
+def summarize(fin: dict[str, jax.Array]) -> dict:
+  """summary.json's ``position0`` from :func:`finalize`'s results (per layer, embedding output first)."""
+  return {"norm": schema.tolist(fin["pos0_norm"]), "norm_ratio": schema.tolist(fin["pos0_norm_ratio"]),
+          "cos_prev": schema.tolist(fin["pos0_cos_prev"])}
+
+
+def summarize_fingerprints(by_policy: dict[str, dict[str, jax.Array]]) -> dict:
+  """summary.json's ``fingerprint``: :func:`finalize`'s results per BOS policy (``prepend`` as ``bos``,
+  ``none`` as ``no_bos``)."""
+  out = {}
+  for policy, key in (("prepend", "bos"), ("none", "no_bos")):
+    if policy in by_policy:
+      p0 = by_policy[policy]
+      out[key] = schema.tolist(p0["fingerprint_spread"])
+      for part in ("group_cos", "within", "between"):
+        out[f"{key}_{part}"] = schema.tolist(p0["fingerprint_" + part])
+      out[f"{key}_num_groups"] = int(p0["num_groups"])
+  return out
+
+
+def arrays(fin: dict[str, jax.Array]) -> dict[str, np.ndarray]:
+  """stats.npz's position-0 arrays, each ``[layer + 1]``."""
+  return {name: np.asarray(fin[name]) for name in ("pos0_norm", "pos0_norm_ratio", "pos0_cos_prev",
+                                                    "fingerprint_spread")}

@@ -27,7 +27,9 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
+from abspos_jax.analysis import schema
 from abspos_jax.analysis.fixed_effects import HIGHEST
 
 
@@ -120,3 +122,21 @@ def finalize(acc: dict, keep: jax.Array | None = None, ridge: float = 1e-2) -> d
   return dict(r2=(r2(theta0, g[1], b[1], yty[1]) + r2(theta1, g[0], b[0], yty[0])) / 2,
               r2_fit=(r2(theta0, g[0], b[0], yty[0]) + r2(theta1, g[1], b[1], yty[1])) / 2,
               ridge_lambda=lam0, n_fit=g[0, :, -1, -1], n_test=g[1, :, -1, -1])
+
+
+# The three probes of the analysis (accumulator names) and their summary.json names.
+PROBES = {"probe_resid": "residual_r2", "probe_attn": "attention_r2", "probe_attn_raw": "attention_raw_r2"}
+
+
+def summarize(ci: dict) -> dict:
+  """summary.json's ``probes``: each probe's held-out R^2 per layer with its interval (``ci`` keys
+  ``<probe>.r2``)."""
+  out = {}
+  for probe, name in PROBES.items():
+    out.update(schema.with_ci(ci, f"{probe}.r2", name))
+  return {"probes": out}
+
+
+def arrays(ci: dict) -> dict[str, np.ndarray]:
+  """stats.npz's probe arrays: ``<probe>_r2 [layer]``."""
+  return {f"{probe}_r2": np.asarray(ci["value"][f"{probe}.r2"]) for probe in PROBES}

@@ -75,41 +75,9 @@ def _interventions(iv: dict) -> list[str]:
   return lines
 
 
-def render(summary: dict, meta: dict, figures: list[str]) -> str:
-  s, c, fp = summary, summary["components"], summary["fingerprint"]
-  L = s["num_layers"]
-  opts = meta.get("options", {})
-  eps, min_query = opts.get("sink_epsilon", 0.3), opts.get("sink_min_query", 4)
-  lk, pooled, early = s["leakage"], c["pooled"], c["pooled_early"]
-  iv_info = s.get("intervals", {})
-  lines = [
-      f"# Analysis of `{meta.get('workdir', 'model')}`", "",
-      f"- checkpoint step: {meta.get('step', 'n/a')}; architecture: `{s['position']}`, {L} layers x "
-      f"{s['num_heads']} heads",
-      f"- data: `{meta.get('data', 'n/a')}` ({meta.get('split', 'n/a')} split), {s['num_sequences']} sequences of "
-      f"{s['seq_len']} tokens per BOS policy; headline numbers use `bos={s['main_policy']}`",
-      f"- held-out loss: " + ", ".join(f"{k}: {v:.3f} nats/token" for k, v in s["loss"].items()),
-      f"- intervals `value [lo, hi]`: {iv_info.get('level', 0.95):.0%} {iv_info.get('method', 'jackknife')}; "
-      f"{iv_info.get('nonempty_blocks', 'n/a')} of {iv_info.get('num_blocks', 'n/a')} blocks hold sequences", "",
-      "## Results", "",
-      f"- **Denominators.** The slope of mean log Z_i against log|V(i)| is {_layers(s['denominators']['log_z_slope_layer'])} "
-      f"per layer (1 = flat logits, the pure causal-mask effect); the mean excess E_i = log Z_i - log|V(i)| is "
-      f"{_layers(s['denominators']['excess_mean_layer'])} nats.",
-      f"- **Leakage.** Held-out absolute-position R^2 gain (offset + query effects over offset alone) is "
-      f"{with_interval(lk['log_weights_overall'], lk.get('log_weights_overall_ci'))} for log-weights and "
-      f"{with_interval(lk['logits_overall'], lk.get('logits_overall_ci'))} for logits "
-      f"(per layer, log-weights: {_layers_ci(lk['log_weights_layer'], lk.get('log_weights_layer_ci'))}).",
-      f"- **Components.** Of the query-position effect on log a, the causal mask accounts for "
-      f"{with_interval(pooled['causal_mask'], pooled.get('causal_mask_ci'))} and the residual stream for "
-      f"{with_interval(pooled['residual_stream'], pooled.get('residual_stream_ci'))} pooled over layers (residual-stream "
-      f"component {with_interval(pooled.get('residual_stream_var'), pooled.get('residual_stream_var_ci'), fmt=_g)} nats^2; "
-      f"per layer: mask {_layers_ci(c['causal_mask'], c.get('causal_mask_ci'))}; residual "
-      f"{_layers_ci(c['residual_stream'], c.get('residual_stream_ci'))}); at early queries the residual-stream share "
-      f"is {with_interval(early['residual_stream'], early.get('residual_stream_ci'))}.",
-      f"- **Position 0.** Its residual norm is {_layers(s['position0']['norm_ratio'])} times that of other positions "
-      f"across depth (embedding output first); closedness check: max |h_0 change| when later tokens change = "
-      f"{_f(s['closedness_max_abs_diff'])} (0 expected).",
-  ]
+def _fingerprint_sinks_probes(s: dict, eps: float, min_query: int) -> list[str]:
+  """The report's fingerprint, sinks and probes paragraphs."""
+  fp, lines = s["fingerprint"], []
   if "bos" in fp:
     lines.append(f"- **Fingerprint.** With the auto-prepended BOS the spread of h_0 across inputs is at most "
                  f"{_f(max(fp['bos']))} of its norm (0 expected)"
@@ -132,6 +100,45 @@ def render(summary: dict, meta: dict, figures: list[str]) -> str:
                   f"{_layers_ci(pr['attention_raw_r2'], pr.get('attention_raw_r2_ci'))}, but these measure the "
                   f"mask (log Z = log(1+i) under flat attention), not position information in the stream."
                   if "attention_raw_r2" in pr else ""))
+  return lines
+
+
+def render(summary: dict, meta: dict, figures: list[str]) -> str:
+  s, c = summary, summary["components"]
+  L = s["num_layers"]
+  opts = meta.get("options", {})
+  eps, min_query = opts.get("sink_epsilon", 0.3), opts.get("sink_min_query", 4)
+  lk, pooled, early = s["leakage"], c["pooled"], c["pooled_early"]
+  iv_info = s.get("intervals", {})
+  lines = [
+      f"# Analysis of `{meta.get('workdir', 'model')}`", "",
+      f"- checkpoint step: {meta.get('step', 'n/a')}; architecture: `{s['position']}`, {L} layers x "
+      f"{s['num_heads']} heads",
+      f"- data: `{meta.get('data', 'n/a')}` ({meta.get('split', 'n/a')} split), {s['num_sequences']} sequences of "
+      f"{s['seq_len']} tokens per BOS policy; headline numbers use `bos={s['main_policy']}`",
+      "- held-out loss: " + ", ".join(f"{k}: {v:.3f} nats/token" for k, v in s["loss"].items()),
+      f"- intervals `value [lo, hi]`: {iv_info.get('level', 0.95):.0%} {iv_info.get('method', 'jackknife')}; "
+      f"{iv_info.get('nonempty_blocks', 'n/a')} of {iv_info.get('num_blocks', 'n/a')} blocks hold sequences", "",
+      "## Results", "",
+      f"- **Denominators.** The slope of mean log Z_i against log|V(i)| is {_layers(s['denominators']['log_z_slope_layer'])} "
+      f"per layer (1 = flat logits, the pure causal-mask effect); the mean excess E_i = log Z_i - log|V(i)| is "
+      f"{_layers(s['denominators']['excess_mean_layer'])} nats.",
+      f"- **Leakage.** Held-out absolute-position R^2 gain (offset + query effects over offset alone) is "
+      f"{with_interval(lk['log_weights_overall'], lk.get('log_weights_overall_ci'))} for log-weights and "
+      f"{with_interval(lk['logits_overall'], lk.get('logits_overall_ci'))} for logits "
+      f"(per layer, log-weights: {_layers_ci(lk['log_weights_layer'], lk.get('log_weights_layer_ci'))}).",
+      f"- **Components.** Of the query-position effect on log a, the causal mask accounts for "
+      f"{with_interval(pooled['causal_mask'], pooled.get('causal_mask_ci'))} and the residual stream for "
+      f"{with_interval(pooled['residual_stream'], pooled.get('residual_stream_ci'))} pooled over layers (residual-stream "
+      f"component {with_interval(pooled.get('residual_stream_var'), pooled.get('residual_stream_var_ci'), fmt=_g)} nats^2; "
+      f"per layer: mask {_layers_ci(c['causal_mask'], c.get('causal_mask_ci'))}; residual "
+      f"{_layers_ci(c['residual_stream'], c.get('residual_stream_ci'))}); at early queries the residual-stream share "
+      f"is {with_interval(early['residual_stream'], early.get('residual_stream_ci'))}.",
+      f"- **Position 0.** Its residual norm is {_layers(s['position0']['norm_ratio'])} times that of other positions "
+      f"across depth (embedding output first); closedness check: max |h_0 change| when later tokens change = "
+      f"{_f(s['closedness_max_abs_diff'])} (0 expected).",
+  ]
+  lines += _fingerprint_sinks_probes(s, eps, min_query)
   iv = s.get("interventions")
   if iv:
     lines += _interventions(iv)

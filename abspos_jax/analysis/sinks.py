@@ -24,6 +24,9 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
+
+from abspos_jax.analysis import schema
 
 
 def scored_queries(visible: jax.Array, min_query: int) -> jax.Array:
@@ -47,3 +50,22 @@ def sink_statistics(sink_mass_half: jax.Array, visible: jax.Array, min_query: in
   return dict(sink_score=measure, sink_score_select=select, sink_heads=heads,
               sink_rate=heads.mean(-1, dtype=jnp.float32), sink_score_max_layer=top_layer,
               sink_score_max=measure.reshape(-1)[best])
+
+
+def summarize(fin: dict[str, jax.Array], ci: dict) -> dict:
+  """summary.json's sink entries from :func:`sink_statistics`'s results and the jackknife summary ``ci``
+  (keys ``sinks.<name>``)."""
+  return {"sink_rate": schema.tolist(fin["sink_rate"]),
+          **schema.with_ci(ci, "sinks.sink_score_max", "sink_score_max"),
+          **schema.with_ci(ci, "sinks.sink_score_max_layer", "sink_score_max_layer"),
+          "sink_heads": [[int(l), int(h)] for l, h in zip(*np.nonzero(np.asarray(fin["sink_heads"])))],
+          "sink_selection": "heads chosen on the even sequence blocks (score > epsilon), scores measured on the "
+                            "odd ones"}
+
+
+def arrays(fin: dict[str, jax.Array], ci: dict) -> dict[str, np.ndarray]:
+  """stats.npz's sink arrays, each ``[layer, head]``: the held-out score with its bounds, the selection score."""
+  return {"sink_score": np.asarray(ci["value"]["sinks.sink_score"]),
+          "sink_score_lo": np.asarray(ci["lo"]["sinks.sink_score"]),
+          "sink_score_hi": np.asarray(ci["hi"]["sinks.sink_score"]),
+          "sink_score_select": np.asarray(fin["sink_score_select"])}

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 import ml_collections
 
 from abspos_jax import checkpoint
+from abspos_jax.analysis import schema
 from abspos_jax import config as config_lib
 
 
@@ -18,7 +19,7 @@ class RunState:
   ``latest_step``: the newest complete checkpoint (orbax names it by its step;
   a save in progress is a ``*.orbax-checkpoint-tmp*`` directory, never a
   step). ``analysed_step``: the ``step`` recorded in ``analysis/summary.json``
-  (None when that summary holds older estimators than :data:`ESTIMATORS`, so
+  (None when that summary holds older estimators than :data:`analysis.schema.ESTIMATORS`, so
   the run is analysed again).
   ``config_diff``: fields where ``config.json`` differs from the sweep's config.
   """
@@ -31,10 +32,6 @@ def latest_checkpoint_step(workdir: str) -> int | None:
   return max(checkpoint.saved_steps(workdir), default=None)
 
 
-# summary.json's "estimators" (analysis/run.py): a summary of older estimators counts as not analysed.
-ESTIMATORS = "v2"
-
-
 def analysed_step(workdir: str) -> int | None:
   """The checkpoint step ``analysis/summary.json`` analysed, or None (no summary, damaged, older estimators)."""
   try:
@@ -42,9 +39,9 @@ def analysed_step(workdir: str) -> int | None:
       summary = json.load(f)
   except (OSError, ValueError):
     return None
-  if not isinstance(summary, dict) or summary.get("estimators") != ESTIMATORS:
+  if not isinstance(summary, dict) or summary.get("estimators") != schema.ESTIMATORS:
     return None
-  step = summary.get("meta", {}).get("step", summary.get("step"))
+  step = schema.get(summary, schema.STEP, summary.get("step"))
   return step if isinstance(step, int) else None
 
 

@@ -1,0 +1,189 @@
+"""The interventions' effects: each reruns the main policy's sequences with one edit and measures its leakage.
+
+The edits themselves are in :mod:`interventions` (pure functions of the
+model's arrays); this module holds the registry of what summary.json's
+``interventions`` reports (:func:`registry`: one :class:`Intervention` each)
+and :func:`run`, which measures each one's change of the two leakage
+components against the pass it is compared with, with jackknife intervals.
+A component's fraction removed (``1 - after / before``) is given only where
+the component before is clearly non-zero.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from abspos_jax.analysis import denominators, fixed_effects, intervals, interventions, leakage, schema, sinks
+from abspos_jax.analysis.analysis_pass import forward, make_intervention_step, sweep
+from abspos_jax.analysis.fixed_effects import FEDesign
+from abspos_jax.model import Decoder
+
+if TYPE_CHECKING:
+  from abspos_jax.analysis.run import AnalysisOptions
+
+REMOVAL_RTOL = 1e-5  # a component below this fraction of Var(phi_loga) counts as zero
+_COMPONENT_KEYS = {"causal_mask": "cov_mask", "residual_stream": "cov_res"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Intervention:
+  """One entry of summary.json's ``interventions`` (``name``: its key path, e.g. ``bos_replace.mean``).
+
+  ``edits(model, tokens, source) -> {hook point: Edit}`` builds the pass's
+  edits inside the trace (``source``: another sequence per row, for
+  ``pos0_patch``). The pass is measured on ``design`` (None: the model's
+  mask) and compared with the baseline pass, or, with ``reference``, with a
+  pass without edits measured on that design. ``info`` goes into the entry
+  as it is.
+  """
+  name: str
+  edits: Callable[[Decoder, jax.Array, jax.Array], dict]
+  design: FEDesign | None = None
+  reference: FEDesign | None = None
+  info: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+
+def sink_ablate_heads(sink: dict) -> tuple[np.ndarray, str]:
+  """The sink-reading heads, or, where there are none, the top-scoring head of each layer (half-0 scores)."""
+  heads = np.asarray(sink["sink_heads"])
+  if heads.any():
+    return heads, "sink-reading heads (half-0 mean a_i0 over the queries i >= min_query that see key 0 > epsilon)"
+  score = np.nan_to_num(np.asarray(sink["sink_score_select"]), nan=-np.inf)
+  top = np.zeros_like(heads)
+  top[np.arange(score.shape[0]), score.argmax(1)] = True
+  return top, "no sink-reading head: the highest-scoring head of each layer (half-0 scores)"
+
+
+def _pos0_source(model: Decoder, tokens: jax.Array, source: jax.Array) -> dict:
+  return interventions.pos0_patch(jnp.moveaxis(forward(model, source)["resid"][:, :, 0], 1, 0))
+
+
+def registry(embed: jax.Array, main: str, other_policy: str | None, visible: jax.Array, sink: dict,
+             options: AnalysisOptions) -> list[Intervention]:
+  """The interventions of one analysis: BOS replacement (under ``main == "prepend"`` only: elsewhere position 0
+  holds a text token), the position-0 patch and the sink ablation."""
+  out = []
+  if main == "prepend":
+    for kind in interventions.BOS_REPLACEMENTS:
+      out.append(Intervention(f"bos_replace.{kind}", lambda mdl, t, src, kind=kind: interventions.bos_replace(
+          embed, kind, token=options.bos_replace_token)))
+  source = (f"position-0 stream of the next sequence under bos={other_policy!r}" if other_policy else
+            "position-0 stream of the next sequence")
+  out.append(Intervention("pos0_patch", _pos0_source, info={"source": source}))
+  heads, rule = sink_ablate_heads(sink)
+  cells = interventions.sink_cells(visible, heads)
+  out.append(Intervention(
+      "sink_ablate", lambda mdl, t, src: interventions.sink_ablate(heads),
+      design=fixed_effects.make_design(cells),  # the ablated heads normalise over the cells ...
+      reference=fixed_effects.make_design(cells, keys=fixed_effects.layer_mask(visible)),  # ... and over key 0
+      info={"heads": [[int(l), int(h)] for l, h in zip(*np.nonzero(heads))], "heads_rule": rule,
+            "cells": "per head, the same cells before and after: the model's mask, without key 0 for queries i >= 1 "
+                     "in the ablated heads; each pass's mask-only normaliser counts the keys its softmax normalises "
+                     "over (i + 1 before, i after in an ablated head)"}))
+  return out
+
+
+def _effect(before: dict, design_before: FEDesign, after: dict, design_after: FEDesign, early_max: int,
+            num_blocks: int) -> dict:
+  """Per leave-one-block-out: each component's covariance before, its change and the fraction removed."""
+  def estimates(keep, before, design_before, after, design_after):
+    b = leakage.finalize(before, design_before, keep, early_max=early_max)
+    a = leakage.finalize(after, design_after, keep, early_max=early_max)
+    out = {}
+    for prefix in ("", "early_"):
+      for key in _COMPONENT_KEYS.values():
+        for scope in ("_overall", "_layer"):
+          k = prefix + key + scope
+          out[k + ".before"] = b[k]
+          out[k + ".change"] = a[k] - b[k]
+          out[k + ".removed"] = 1.0 - a[k] / b[k]
+          out[k + ".scale"] = b[prefix + "var_phi" + scope]
+    return out
+
+  return intervals.evaluate(estimates, num_blocks, before, design_before, after, design_after)
+
+
+def _effect_entry(ci: dict) -> dict:
+  """An intervention's summary entry: changes (nats^2) with intervals, fractions only where clearly defined."""
+  out = {}
+  for prefix, suffix in (("", ""), ("early_", "_early")):
+    for comp, key in _COMPONENT_KEYS.items():
+      for scope, tail in (("_overall", ""), ("_layer", "_per_layer")):
+        k = prefix + key + scope
+        lo, hi = np.asarray(ci["lo"][k + ".before"]), np.asarray(ci["hi"][k + ".before"])
+        # Clearly non-zero: the interval excludes 0 and the value is above float error (a deterministic
+        # model has zero-width intervals around rounding noise).
+        clear = intervals.excludes_zero(lo, hi) & (np.abs(np.asarray(ci["value"][k + ".before"]))
+                                                   > REMOVAL_RTOL * np.abs(np.asarray(ci["value"][k + ".scale"])))
+        out.update(schema.with_ci(ci, k + ".before", f"{comp}_before{suffix}{tail}"))
+        out.update(schema.with_ci(ci, k + ".change", f"{comp}_change{suffix}{tail}"))
+        out[f"{comp}_removed{suffix}{tail}"] = schema.tolist(np.where(clear, np.asarray(ci["value"][k + ".removed"]),
+                                                                      np.nan))
+        out[f"{comp}_removed{suffix}{tail}_ci"] = schema.tolist(np.where(
+            clear[..., None], np.stack([ci["lo"][k + ".removed"], ci["hi"][k + ".removed"]], -1), np.nan))
+        if not np.all(clear):
+          out[f"{comp}_removed{suffix}{tail}_reason"] = (
+              "null where the component before is not clearly non-zero (its interval includes 0, or it is below "
+              f"{REMOVAL_RTOL:g} of Var(phi_loga))")
+  return out
+
+
+def _sink_mass_after(den_acc: dict, visible: jax.Array, min_query: int) -> Any:
+  """Per layer, the mean over heads of the mean sink mass over the scored queries of the edited pass."""
+  mass = np.asarray(denominators.finalize(den_acc, visible)["sink_mass"])
+  use = np.asarray(sinks.scored_queries(visible, min_query))
+  use = use if use.ndim == 1 else use[:, None, :]
+  return schema.tolist(((mass * use).sum(-1) / np.maximum(use.sum(-1), 1)).mean(-1))
+
+
+def run(model: Decoder, sequences: Mapping[str, np.ndarray], main: str, visible: jax.Array, baseline: dict,
+        options: AnalysisOptions) -> dict:
+  """summary.json's ``interventions``: each of :func:`registry`'s, measured against its comparison pass.
+
+  ``baseline``: the main policy's finalized core results with its accumulators
+  under ``"acc"`` (``run.analyze``).
+  """
+  graphdef, params = nnx.split(model, nnx.Param)
+  toks = sequences[main]
+  others = [p for p in sequences if p != main]
+  # pos0_patch's source: the other policy's next sequence (a different x_0), else main's next sequence.
+  source = np.roll(sequences[others[0]] if others else toks, -1, axis=0)
+  spec, design = model.spec, fixed_effects.make_design(visible)
+
+  def measured(name: str, edits: Callable, on: FEDesign) -> dict:
+    step = jax.jit(make_intervention_step(graphdef, on, edits), donate_argnums=1)
+    acc = {"leakage": leakage.init(spec.num_layers, spec.num_heads, toks.shape[1], options.num_blocks),
+           "denominators": denominators.init(spec.num_layers, spec.num_heads, toks.shape[1], options.num_blocks)}
+    return sweep(lambda a, t, s, src: step(params, a, t, s, src), acc, toks, options.batch_size,
+                 f"intervention[{name}]", source, progress=options.progress)
+
+  out: dict = {"bos_replace": {}}
+  for iv in registry(model.embed[...], main, others[0] if others else None, visible, baseline["sinks"], options):
+    after_design = iv.design or design
+    after = measured(iv.name, iv.edits, after_design)
+    before, before_design = baseline["acc"]["leakage"], design
+    if iv.reference is not None:
+      before = measured(iv.name + ".reference", lambda mdl, t, src: {}, iv.reference)["leakage"]
+      before_design = iv.reference
+    ci = intervals.summarize(_effect(before, before_design, after["leakage"], after_design, options.early_max,
+                                     options.num_blocks), baseline["acc"]["leakage"]["n"])
+    entry = {**_effect_entry(ci), "sink_mass_after": _sink_mass_after(after["denominators"], visible,
+                                                                      options.sink_min_query), **iv.info}
+    group, _, kind = iv.name.partition(".")
+    if kind:
+      out.setdefault(group, {})[kind] = entry
+    else:
+      out[group] = entry
+  if main == "prepend":
+    out["bos_replace"]["token_id"] = int(options.bos_replace_token)
+  else:
+    out["bos_replace"]["skipped"] = (f"bos_replace replaces the BOS embedding at position 0; under the main policy "
+                                     f"{main!r} position 0 holds a text token, so it does not run")
+  return out
