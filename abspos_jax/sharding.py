@@ -63,13 +63,6 @@ def batch_sharding(mesh: Mesh, rules) -> NamedSharding:
   return NamedSharding(mesh, logical_to_spec(("batch",), (mesh.size,), mesh, rules))
 
 
-def data_parallel_size(mesh: Mesh, rules) -> int:
-  """How many ways the batch axis is split."""
-  spec = batch_sharding(mesh, rules).spec[0]
-  axes = () if spec is None else (spec,) if isinstance(spec, str) else spec
-  return int(np.prod([mesh.shape[a] for a in axes]))
-
-
 def stacked(shardings):
   """The shardings of a tree stacked on a new leading axis (one copy per seed), that axis replicated.
 

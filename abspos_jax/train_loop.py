@@ -255,7 +255,7 @@ class Trainer:
     batch_sh = sharding.batch_sharding(self.mesh, config.mesh.rules)
     self.eval_step = jax.jit(axis.vmap(make_eval_step(self.graphdef), in_axes=(0, None)),
                              in_shardings=(axis.param_sh, batch_sh))
-    dp = sharding.data_parallel_size(self.mesh, config.mesh.rules)
+    dp = config_lib.data_parallel_size(dict(self.mesh.shape), config.mesh.rules)
     n_eval = max(dp, config.data.eval_sequences // dp * dp)
     eval_tokens = data.eval_sequences(config.data, num_sequences=n_eval)
     per_process = n_eval // jax.process_count()

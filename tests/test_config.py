@@ -1,11 +1,12 @@
 """Config validation: every refusal names the field and what is allowed."""
 
+import os
 import subprocess
 import sys
 
 import pytest
 
-from abspos_jax.config import ConfigError, diff, load_config_file, to_dict, validate
+from abspos_jax.config import ConfigError, data_parallel_size, diff, load_config_file, to_dict, validate
 from conftest import small_config
 
 
@@ -63,6 +64,20 @@ def test_batch_divisible_by_data_parallel_size():
   refused(small_config(**{"train.batch_size": 8, "train.grad_accum": 3}), r"config\.train\.grad_accum must divide")
 
 
+def test_data_parallel_size_follows_the_batch_rule():
+  """The batch splits over the mesh axes ``mesh.rules`` maps ``batch`` to, not over every data or fsdp axis."""
+  sizes = {"data": 2, "fsdp": 4}
+  assert data_parallel_size(sizes, (("batch", ("data", "fsdp")),)) == 8
+  assert data_parallel_size(sizes, (("batch", "data"),)) == 2
+  assert data_parallel_size(sizes, (("batch", ("data", "tensor")),)) == 2  # tensor is not in the mesh
+  assert data_parallel_size(sizes, (("batch", None),)) == 1
+  c = small_config(**{"train.batch_size": 6})
+  c.mesh.shape, c.mesh.axes = (2, 4), ("data", "fsdp")
+  refused(c, r"data-parallel size 8", num_devices=8)
+  c.mesh.rules = (("batch", "data"),) + tuple(r for r in c.mesh.rules if r[0] != "batch")
+  validate(c, 8)  # 6 sequences split 2 ways: the fsdp axis holds parameters only
+
+
 def test_mesh_must_match_devices():
   c = small_config()
   c.mesh.shape, c.mesh.axes = (2, 2), ("data", "tensor")
@@ -106,3 +121,31 @@ def test_cli_refuses_unknown_override_before_compiling(tmp_path):
                       "--config.model.position=alibi"], capture_output=True, text=True, timeout=120)
   assert r.returncode != 0 and "config.model.position must be one of" in r.stderr
   assert not (tmp_path / "checkpoints").exists()
+
+
+def test_each_field_is_declared_once_and_the_docs_follow_the_declarations():
+  from abspos_jax import config as config_lib
+  fields = config_lib._base_module().FIELDS
+  names = [f.name for f in fields]
+  assert len(names) == len(set(names))
+  assert sorted(names) == sorted(n for n, _ in config_lib.flatten(config_lib.base_config()))
+  assert "train.log_every" in config_lib.resumable_fields() and "model.d_model" not in config_lib.resumable_fields()
+  repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  with open(os.path.join(repo, "docs", "config.md")) as f:
+    assert f.read() == config_lib.fields_markdown(), "docs/config.md is stale: run python -m abspos_jax.config"
+  with open(os.path.join(repo, "README.md")) as f:
+    readme = f.read()
+  assert f"{config_lib.README_BEGIN}\n{config_lib.key_fields_text()}\n{config_lib.README_END}" in readme, (
+      "README's key fields are stale: run python -m abspos_jax.config")
+
+
+def test_declared_checks_name_the_field():
+  refused(small_config(**{"model.window": 0}), r"config\.model\.window must be >= 1 \(keys visible to a query")
+  refused(small_config(**{"model.dtype": "float16"}), r"config\.model\.dtype must be one of float32, bfloat16")
+  refused(small_config(**{"model.rope_base": 0.0}), r"config\.model\.rope_base must be > 0, got 0\.0")
+  refused(small_config(**{"train.emergence_sequences": 1}),
+          r"config\.train\.emergence_sequences must be >= 2 \(the held-out leakage needs two halves\)")
+  c = small_config()
+  with c.ignore_type():
+    c.data.shuffle = 1
+  refused(c, r"config\.data\.shuffle must be True or False, got 1")

@@ -80,7 +80,7 @@ def group_key(config: dict) -> str:
   base = dict(config_lib.flatten(config_lib.to_dict(config_lib.base_config())))
   extras = [f"{k}={v}" for k, v in config_lib.flatten(config)
             if k in base and base[k] != v and k not in ("train.seed", "model.position", "model.num_layers",
-                                                       "model.d_model") and k not in config_lib.RESUMABLE_FIELDS
+                                                       "model.d_model") and k not in config_lib.resumable_fields()
             and not k.startswith(("data.data_dir",))]
   return label + (f" [{', '.join(sorted(extras))}]" if extras else "")
 

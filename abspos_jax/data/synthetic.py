@@ -147,71 +147,77 @@ class SyntheticDocument:
   num_echoes: int
 
 
+class _Annotated:
+  """Text as it is written, with each byte's label and, for a copied byte, the offset of the byte it copies."""
+
+  def __init__(self):
+    self.parts: list[str] = []
+    self.labels: list[np.ndarray] = []
+    self.sources: list[np.ndarray] = []
+    self.length = 0
+
+  def emit(self, text: str, label: int, source_start: int = -1) -> int:
+    """Append ``text``; returns its offset."""
+    start = self.length
+    self.parts.append(text)
+    self.labels.append(np.full(len(text), label, np.uint8))
+    self.sources.append(np.arange(source_start, source_start + len(text), dtype=np.int32)
+                        if label == COPY else np.full(len(text), -1, np.int32))
+    self.length += len(text)
+    return start
+
+
+def _sentence(rng: np.random.Generator, lex: _Lexicon, params: SyntheticParams) -> str:
+  """A bigram sentence: a Zipf first word, then successors, ending in ". "."""
+  n_words = int(rng.integers(params.min_words, params.max_words + 1))
+  word = int(markov.sample(lex.unigram_cdf, rng.random()))
+  ids = [word]
+  for k in markov.sample(lex.successor_cdf, rng.random(n_words - 1)):
+    word = int(lex.successors[word, k])
+    ids.append(word)
+  return " ".join(lex.words[i] for i in ids) + ". "
+
+
+def _fresh_key(rng: np.random.Generator, params: SyntheticParams, used_keys: set[str]) -> str:
+  while True:
+    key = "".join(chr(65 + int(c)) for c in rng.integers(0, 26, params.key_len))
+    if key not in used_keys:
+      used_keys.add(key)
+      return key
+
+
 def generate_annotated_document(rng: np.random.Generator, params: SyntheticParams) -> SyntheticDocument:
   """One document and the label of every byte (see the module docstring)."""
   lex = _lexicon(params.seed, params.vocab, params.branching, params.zipf)
-  parts: list[str] = []
-  labels: list[np.ndarray] = []
-  sources: list[np.ndarray] = []
-  length = 0
-
-  def emit(text: str, label: int, source_start: int = -1) -> int:
-    nonlocal length
-    start = length
-    parts.append(text)
-    labels.append(np.full(len(text), label, np.uint8))
-    sources.append(np.arange(source_start, source_start + len(text), dtype=np.int32)
-                   if label == COPY else np.full(len(text), -1, np.int32))
-    length += len(text)
-    return start
-
+  doc = _Annotated()
   definitions: list[tuple[str, str, int]] = []  # (key, value, offset of value)
   used_keys: set[str] = set()
   num_echoes = num_recalls = 0
   for _ in range(int(rng.integers(params.min_sentences, params.max_sentences + 1))):
-    n_words = int(rng.integers(params.min_words, params.max_words + 1))
-    word = int(markov.sample(lex.unigram_cdf, rng.random()))
-    ids = [word]
-    for k in markov.sample(lex.successor_cdf, rng.random(n_words - 1)):
-      word = int(lex.successors[word, k])
-      ids.append(word)
-    sentence = " ".join(lex.words[i] for i in ids) + ". "
-    sentence_at = emit(sentence, LOCAL)
-
+    sentence = _sentence(rng, lex, params)
+    sentence_at = doc.emit(sentence, LOCAL)
     if rng.random() < params.p_echo:
-      emit("> ", LOCAL)
-      emit(sentence, COPY, sentence_at)
+      doc.emit("> ", LOCAL)
+      doc.emit(sentence, COPY, sentence_at)
       num_echoes += 1
-
     if rng.random() < params.p_define:
-      while True:
-        key = "".join(chr(65 + int(c)) for c in rng.integers(0, 26, params.key_len))
-        if key not in used_keys:
-          break
-      used_keys.add(key)
+      key = _fresh_key(rng, params, used_keys)
       value = "".join(str(int(c)) for c in rng.integers(0, 10, params.value_len))
-      emit(key, FRESH)
-      emit("=", LOCAL)
-      definitions.append((key, value, emit(value, FRESH)))
-      emit(". ", LOCAL)
-
+      doc.emit(key, FRESH)
+      doc.emit("=", LOCAL)
+      definitions.append((key, value, doc.emit(value, FRESH)))
+      doc.emit(". ", LOCAL)
     if definitions and rng.random() < params.p_recall:
       recent = definitions[-params.recall_span:]
       key, value, value_at = recent[int(rng.integers(len(recent)))]
-      emit(key, FRESH)
-      emit("?", LOCAL)
-      emit(value, COPY, value_at)
-      emit(". ", LOCAL)
+      doc.emit(key, FRESH)
+      doc.emit("?", LOCAL)
+      doc.emit(value, COPY, value_at)
+      doc.emit(". ", LOCAL)
       num_recalls += 1
-
-  return SyntheticDocument(
-      text="".join(parts),
-      labels=np.concatenate(labels),
-      source=np.concatenate(sources),
-      num_definitions=len(definitions),
-      num_recalls=num_recalls,
-      num_echoes=num_echoes,
-  )
+  return SyntheticDocument(text="".join(doc.parts), labels=np.concatenate(doc.labels),
+                           source=np.concatenate(doc.sources), num_definitions=len(definitions),
+                           num_recalls=num_recalls, num_echoes=num_echoes)
 
 
 def generate_document(rng: np.random.Generator, params: SyntheticParams) -> str:
