@@ -21,8 +21,9 @@ nope control and `train.seed` over 0, 1, 2. Overrides, and why:
   for an SWA model that still forms sinks.
 
 Each run is analysed on 256 held-out sequences per BOS policy, interventions
-included. Budget (2 CPU cores, measured): about 6 minutes of training and
-ANALYSIS_MINUTES of analysis per run; run it a seed at a time with
+included. Budget (2 CPU cores, measured for seed 0 while other work shared
+the cores): 9.5-12.5 minutes of training (8.5 for the bf16 validation run
+alone) and 1.7-2.6 minutes of analysis per run; run it a seed at a time with
 `--only=-s0`, `--only=-s1`, ... (the sweep skips what is done and resumes what
 was cut).
 """
