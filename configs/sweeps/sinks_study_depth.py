@@ -8,25 +8,17 @@ compares how the residual-stream component grows with depth in these three),
 `train.seed` over 0 and 1. An 8-layer step costs about twice a 4-layer one.
 """
 
-import ml_collections
+import os
 
-from abspos_jax.sweep import sweep_defaults
+from abspos_jax.config import load_config_file
 
 
 def get_config():
-  c = sweep_defaults()
-  c.base = "configs/sinks_cpu.py"
-  c.overrides = ml_collections.ConfigDict({
-      "model": {"dtype": "bfloat16", "window": 64},
-      "train": {"steps": 1500, "progress": False},
-  })
+  c = load_config_file(os.path.join(os.path.dirname(os.path.abspath(__file__)), "sinks_study.py"))
   c.vary = (
       ("model.position", ("rope", "ntk", "swa")),
       ("model.num_layers", (8,)),
       ("train.seed", (0, 1)),
   )
-  c.analyze.num_sequences = 256
-  c.slurm.gpus_per_task = 0
-  c.slurm.cpus_per_task = 2
   c.slurm.time = "02:00:00"
   return c
