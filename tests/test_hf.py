@@ -277,8 +277,9 @@ def test_bos_convention_and_sequences(tmp_path):
     hf.analysis_sequences(stream, num_sequences=13, seq_len=8, conv=conv["a"], vocab_size=VOCAB)
 
 
-def bpe_tokenizer(path) -> "tokenizers.Tokenizer":
-  """A Llama-style BPE tokenizer with merges (trained on this file), ``<s>`` prepended by its post-processor."""
+def bpe_tokenizer(path):
+  """A ``tokenizers.Tokenizer``: Llama-style BPE with merges (trained on this file), ``<s>`` prepended by its
+  post-processor."""
   from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
   tok = Tokenizer(models.BPE())
   tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
