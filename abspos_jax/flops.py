@@ -44,10 +44,10 @@ def forward_flops_per_token(spec: ModelSpec, seq_len: int) -> float:
 
 
 @functools.lru_cache(maxsize=None)
-def measured_peak_flops(n: int = 1024, repeats: int = 5) -> float:
-  """Best float32 FLOP/s of a jitted ``[n, n] @ [n, n]`` on the default device."""
-  a = jnp.ones((n, n), jnp.float32)
-  f = jax.jit(lambda x: x @ x)
+def measured_peak_flops(n: int = 1024, repeats: int = 5, dtype: str = "float32") -> float:
+  """Best FLOP/s of a jitted ``[n, n] @ [n, n]`` in ``dtype`` with float32 accumulation, on the default device."""
+  a = jax.random.normal(jax.random.key(0), (n, n), dtype)  # random, not constant: GPU clocks run higher on zeros
+  f = jax.jit(lambda x: jnp.dot(x, x, preferred_element_type=jnp.float32))
   f(a).block_until_ready()
   best = float("inf")
   for _ in range(repeats):

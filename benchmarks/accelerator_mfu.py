@@ -1,0 +1,100 @@
+"""Train-step throughput and MFU on an accelerator, float32 against bfloat16, up to the paper_gpu size.
+
+    python -m benchmarks.accelerator_mfu [--sizes=medium,medium_b128,paper_gpu_L4,paper_gpu_L8] [--repeats=5] [--steps=10] [--json=out.json]
+
+Times our jitted, donating train step (:class:`benchmarks.train_throughput.Ours`:
+the real AdamW with clipping, float32 master weights and optimizer state) with
+``model.dtype`` float32 and bfloat16, interleaved per size (see
+:mod:`benchmarks.common`). MFU = tokens/s x training FLOPs per token
+(:mod:`abspos_jax.flops`, ``6 N + 12 L T D``) / peak, against two peaks: the
+bf16 matmul peak measured here (``jnp.dot`` of two random ``[8192, 8192]`` bf16
+matrices, float32 accumulation) and the datasheet peak of
+``flops.KNOWN_PEAKS`` where the device is listed. The float32 rows are
+divided by the same bf16 peak, so they read as the share of the chip's
+matmul rate, not of its float32 rate. Meant for a GPU or TPU; on a CPU it runs
+but says nothing the CPU benchmarks do not.
+"""
+
+import argparse
+
+import jax
+import numpy as np
+
+from abspos_jax import flops
+from benchmarks import common
+from benchmarks.train_throughput import Ours, size_config
+
+SIZES = {  # name -> (num_layers, d_model, num_heads, seq_len, batch_size)
+    "tiny": (4, 128, 4, 128, 32),  # configs/tiny.py; for a quick check on the CPU
+    "medium": (4, 256, 4, 256, 16),  # benchmarks.train_throughput's medium
+    "medium_b128": (4, 256, 4, 256, 128),  # the same model with a batch that fills an accelerator
+    "paper_gpu_L4": (4, 512, 8, 512, 64),  # configs/sweeps/paper_gpu.py, 4 layers
+    "paper_gpu_L8": (8, 512, 8, 512, 64),  # configs/sweeps/paper_gpu.py, 8 layers
+}
+DTYPES = ("float32", "bfloat16")
+
+
+def bench_size(name: str, repeats: int, steps: int) -> dict:
+  layers, d_model, heads, seq_len, batch = SIZES[name]
+  batches = np.random.default_rng(0).integers(0, 256, (4, batch, seq_len + 1)).astype(np.int32)
+  sides = {dt: Ours(size_config(*SIZES[name], dtype=dt), batches) for dt in DTYPES}
+  first = {dt: float(side.step()) for dt, side in sides.items()}
+  if not np.isclose(first["bfloat16"], first["float32"], rtol=1e-2):
+    raise AssertionError(f"{name}: first bf16 loss {first['bfloat16']} is far from the float32 {first['float32']}")
+  for side in sides.values():
+    side.run(2)  # compiled and warm before timing
+  times = common.interleaved({dt: (lambda s=side: s.run(steps)) for dt, side in sides.items()}, repeats)
+  tokens = steps * batch * seq_len
+  return {"size": name, "num_layers": layers, "d_model": d_model, "num_heads": heads, "seq_len": seq_len,
+          "batch_size": batch, "flops_per_token": flops.train_flops_per_token(sides["float32"].model.spec, seq_len),
+          "first_loss": first, "tokens_per_s": {dt: tokens / common.median(v) for dt, v in times.items()},
+          "seconds": times}
+
+
+def datasheet_peak() -> float:
+  kind = jax.devices()[0].device_kind
+  return next((peak for name, peak in flops.KNOWN_PEAKS.items() if kind.startswith(name)), 0.0)
+
+
+def table(record: dict) -> str:
+  measured, sheet = record["peak_flops"]["measured_bf16"], record["peak_flops"]["datasheet_bf16"]
+  rows = []
+  for r in record["results"]:
+    tps = r["tokens_per_s"]
+    for dt in DTYPES:
+      achieved = tps[dt] * r["flops_per_token"]
+      rows.append([r["size"], f'{r["num_layers"]}x{r["d_model"]}, T={r["seq_len"]}, B={r["batch_size"]}', dt,
+                   tps[dt], f"{achieved / 1e12:.1f}", f"{achieved / measured:.1%}",
+                   f"{achieved / sheet:.1%}" if sheet else "n/a",
+                   f'{tps["bfloat16"] / tps["float32"]:.2f}' if dt == "bfloat16" else ""])
+  return common.markdown_table(["size", "shape", "dtype", "tok/s", "TFLOP/s", "MFU (measured bf16 peak)",
+                                "MFU (datasheet)", "bf16 / f32"], rows)
+
+
+def main() -> None:
+  p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  p.add_argument("--sizes", default="medium,medium_b128,paper_gpu_L4,paper_gpu_L8",
+                 help=f"comma-separated, from {sorted(SIZES)}")
+  p.add_argument("--repeats", type=int, default=5)
+  p.add_argument("--steps", type=int, default=10, help="optimizer steps per timed repeat")
+  p.add_argument("--peak_n", type=int, default=8192, help="side of the square bf16 matmul that measures the peak")
+  p.add_argument("--json", default="", help="write every measurement here (rewritten after each size)")
+  args = p.parse_args()
+  sizes = args.sizes.split(",")
+  for s in sizes:
+    if s not in SIZES:
+      raise SystemExit(f"--sizes: unknown size {s!r}; choose from {sorted(SIZES)}")
+  record = {"machine": common.machine(), "device_kind": jax.devices()[0].device_kind,
+            "peak_flops": {"measured_bf16": flops.measured_peak_flops(args.peak_n, 10, "bfloat16"),
+                           "datasheet_bf16": datasheet_peak()}, "results": []}
+  print(f'{record["device_kind"]}: measured bf16 matmul peak {record["peak_flops"]["measured_bf16"] / 1e12:.1f} '
+        f'TFLOP/s, datasheet {record["peak_flops"]["datasheet_bf16"] / 1e12:.0f}', flush=True)
+  for s in sizes:
+    record["results"].append(bench_size(s, args.repeats, args.steps))
+    common.write_json(args.json, record)
+    print(table({**record, "results": record["results"][-1:]}), flush=True)
+  print(table(record))
+
+
+if __name__ == "__main__":
+  main()
