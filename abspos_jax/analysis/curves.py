@@ -13,6 +13,7 @@
 
 import json
 import os
+import re
 
 import matplotlib
 
@@ -76,15 +77,45 @@ def _values(x: list) -> np.ndarray:
   return np.array([np.nan if v is None else v for v in x], float)
 
 
+def _styles(labels: list[str]) -> dict[str, tuple[str, str]]:
+  """A colour per family (the label without its ``-s<seed>`` suffix) and a line style per seed within it."""
+  families: dict[str, int] = {}
+  style = {}
+  for label in labels:
+    family = re.sub(r"-s\d+$", "", label)
+    families.setdefault(family, len(families))
+    seeds_seen = sum(1 for other in style if re.sub(r"-s\d+$", "", other) == family)
+    style[label] = (f"C{families[family] % 10}", ("-", "--", ":", "-.")[seeds_seen % 4])
+  return style
+
+
+def _robust_ylim(ax, arrays: list[np.ndarray]) -> None:
+  """Clip the y-axis to the 2-98% range of the values (plus a margin) so that one near-singular point keeps the
+  rest readable; the share of a component whose variance is tiny on one evaluation batch can be -300."""
+  v = np.concatenate([a[np.isfinite(a)] for a in arrays] or [np.zeros(0)])
+  if v.size:
+    lo, hi = np.percentile(v, [2, 98])
+    pad = 0.2 * (hi - lo) or 0.1
+    ax.set_ylim(lo - pad, hi + pad)
+
+
 def curves_figure(curves: dict[str, dict[str, list]], path: str) -> None:
-  """``emergence.png``: one panel per :data:`CURVES` entry against training tokens, one line per run (its label)."""
+  """``emergence.png``: one panel per :data:`CURVES` entry against training tokens, one line per run (its label);
+  runs of one family share a colour, seeds differ by line style; the residual-stream share is clipped to its
+  2-98% range."""
   cols = 3
   rows = -(-len(CURVES) // cols)
   fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.0 * rows), squeeze=False)
+  names = {label: os.path.basename(os.path.normpath(label)) or label for label in curves}  # the readable part
+  styles = _styles(list(names.values()))
   for ax, (key, title) in zip(axes.flat, CURVES):
-    for label, c in curves.items():  # a run directory: its name is the readable part
-      ax.plot(_values(c["tokens"]), _values(c[key]), "o-", ms=3, lw=1.2,
-              label=os.path.basename(os.path.normpath(label)) or label)
+    for label, c in curves.items():
+      color, ls = styles[names[label]]
+      ax.plot(_values(c["tokens"]), _values(c[key]), marker="o", ls=ls, color=color, ms=3, lw=1.2,
+              label=names[label])
+    if key == "residual_stream_share":
+      _robust_ylim(ax, [_values(c[key]) for c in curves.values()])
+      title += ", 2-98% range"
     ax.set_title(title, fontsize=9)
     ax.set_xlabel("training tokens")
     ax.ticklabel_format(axis="x", style="sci", scilimits=(0, 0))
