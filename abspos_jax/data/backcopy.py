@@ -66,7 +66,6 @@ with ``M[s, t] = q[k]`` for ``t = successors[s, k]``; its floor is
 
 import dataclasses
 import functools
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -231,15 +230,9 @@ def generate_document(rng: np.random.Generator, params: BackcopyParams) -> str:
   return generate_annotated_document(rng, params).text
 
 
-def document_rng(params: BackcopyParams, split: str, index: int) -> np.random.Generator:
-  """The generator of document `index` of `split`; splits never share a stream."""
-  return markov.document_rng(params.seed, split, index)
-
-
-def split_documents(params: BackcopyParams, split: str, num_docs: int) -> Iterator[str]:
-  """The `num_docs` documents of `split`, in index order."""
-  for i in range(num_docs):
-    yield generate_document(document_rng(params, split, i), params)
+# The generator of document `index` of `split` (splits never share a stream), and a split's documents in order.
+document_rng = markov.params_rng
+split_documents = functools.partial(markov.split_texts, generate_document)
 
 
 def document_nll(text: str, params: BackcopyParams) -> np.ndarray:

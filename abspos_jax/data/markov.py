@@ -8,6 +8,9 @@ randomness comes from numpy ``Generator`` s; a document's generator depends on
 the language seed, the split and the document index only.
 """
 
+from collections.abc import Callable, Iterator
+from typing import Any
+
 import numpy as np
 
 SPLIT_CODES = {"train": 1, "validation": 2}  # 0 is the stream that builds the language itself
@@ -71,3 +74,16 @@ def document_rng(seed: int, split: str, index: int) -> np.random.Generator:
   if split not in SPLIT_CODES:
     raise ValueError(f"synthetic split must be one of {sorted(SPLIT_CODES)}, got {split!r}")
   return np.random.default_rng([seed, SPLIT_CODES[split], index])
+
+
+def params_rng(params: Any, split: str, index: int) -> np.random.Generator:
+  """:func:`document_rng` of a language's parameters (anything with a ``seed``): the generator of its document
+  ``index`` of ``split``."""
+  return document_rng(params.seed, split, index)
+
+
+def split_texts(generate: Callable[[np.random.Generator, Any], str], params: Any, split: str,
+                num_docs: int) -> Iterator[str]:
+  """The ``num_docs`` documents ``generate(params_rng(params, split, i), params)`` of ``split``, in index order."""
+  for i in range(num_docs):
+    yield generate(params_rng(params, split, i), params)

@@ -46,7 +46,6 @@ earlier copy), events per document, and how far back copies reach.
 
 import dataclasses
 import functools
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -225,15 +224,9 @@ def generate_document(rng: np.random.Generator, params: SyntheticParams) -> str:
   return generate_annotated_document(rng, params).text
 
 
-def document_rng(params: SyntheticParams, split: str, index: int) -> np.random.Generator:
-  """The generator of document `index` of `split`; splits never share a stream."""
-  return markov.document_rng(params.seed, split, index)
-
-
-def split_documents(params: SyntheticParams, split: str, num_docs: int) -> Iterator[str]:
-  """The `num_docs` documents of `split`, in index order."""
-  for i in range(num_docs):
-    yield generate_document(document_rng(params, split, i), params)
+# The generator of document `index` of `split` (splits never share a stream), and a split's documents in order.
+document_rng = markov.params_rng
+split_documents = functools.partial(markov.split_texts, generate_document)
 
 
 def synthetic_statistics(
