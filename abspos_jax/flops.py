@@ -61,8 +61,9 @@ def peak_flops_per_device(configured: float = 0.0) -> float:
   """``configured`` if > 0, else a known accelerator peak, else a measured matmul peak."""
   if configured > 0:
     return configured
-  kind = jax.devices()[0].device_kind
-  for name, peak in KNOWN_PEAKS.items():
-    if kind.startswith(name):
-      return peak
-  return measured_peak_flops()
+  return known_peak(jax.devices()[0].device_kind) or measured_peak_flops()
+
+
+def known_peak(device_kind: str) -> float:
+  """The :data:`KNOWN_PEAKS` entry whose name ``device_kind`` starts with, else 0."""
+  return next((peak for name, peak in KNOWN_PEAKS.items() if device_kind.startswith(name)), 0.0)

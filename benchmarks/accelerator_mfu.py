@@ -51,11 +51,6 @@ def bench_size(name: str, repeats: int, steps: int) -> dict:
           "seconds": times}
 
 
-def datasheet_peak() -> float:
-  kind = jax.devices()[0].device_kind
-  return next((peak for name, peak in flops.KNOWN_PEAKS.items() if kind.startswith(name)), 0.0)
-
-
 def table(record: dict) -> str:
   measured, sheet = record["peak_flops"]["measured_bf16"], record["peak_flops"]["datasheet_bf16"]
   rows = []
@@ -86,7 +81,7 @@ def main() -> None:
       raise SystemExit(f"--sizes: unknown size {s!r}; choose from {sorted(SIZES)}")
   record = {"machine": common.machine(), "device_kind": jax.devices()[0].device_kind,
             "peak_flops": {"measured_bf16": flops.measured_peak_flops(args.peak_n, 10, "bfloat16"),
-                           "datasheet_bf16": datasheet_peak()}, "results": []}
+                           "datasheet_bf16": flops.known_peak(jax.devices()[0].device_kind)}, "results": []}
   print(f'{record["device_kind"]}: measured bf16 matmul peak {record["peak_flops"]["measured_bf16"] / 1e12:.1f} '
         f'TFLOP/s, datasheet {record["peak_flops"]["datasheet_bf16"] / 1e12:.0f}', flush=True)
   for s in sizes:

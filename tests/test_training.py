@@ -112,3 +112,10 @@ def test_demo_learns(tmp_path):
   records = read_metrics(tmp_path)
   assert records[0]["loss"] > 3.0  # starts near log(259) = 5.56, falls fast
   assert records[-1]["val_loss"] < 2.4  # byte unigram entropy of Python source is about 3 nats
+
+
+def test_known_peak_matches_device_kind_prefixes():
+  from abspos_jax.flops import KNOWN_PEAKS, known_peak
+  assert known_peak("NVIDIA H200") == KNOWN_PEAKS["NVIDIA H200"] == 989e12
+  assert known_peak("TPU v5 lite") == 197e12
+  assert known_peak("cpu") == 0.0
