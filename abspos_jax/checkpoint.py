@@ -5,14 +5,13 @@ arrays; every process writes its shards), ``data`` (the grain iterator state,
 JSON) and ``meta`` (step and resolved config, JSON). The iterator state is the
 number of global batches consumed, the same in every process whatever their
 count, so a checkpoint written by N processes resumes under any other number.
-Orbax writes to a temporary directory and renames it when complete, so a
-partial save is never listed as a step.
+Orbax writes to a temporary directory and renames it when complete (in an
+object store, which cannot rename: into the step directory, with
+``commit_success.txt`` written last), so a partial save is never listed as a
+step. ``workdir`` may be a local path or a ``gs://`` URI (:mod:`abspos_jax.storage`).
 """
 
-import json
 import logging
-import os
-import shutil
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -22,6 +21,7 @@ import ml_collections
 import orbax.checkpoint as ocp
 
 from abspos_jax import config as config_lib
+from abspos_jax import storage
 
 log = logging.getLogger("abspos_jax")
 
@@ -46,7 +46,7 @@ def manager(workdir: str, ckpt: ml_collections.ConfigDict | None = None, *, read
       create=not read_only,
       cleanup_tmp_directories=not read_only,  # a save killed half-way leaves a tmp dir: never a step
   )
-  path = os.path.abspath(os.path.join(workdir, "checkpoints"))
+  path = storage.absolute(storage.join(workdir, "checkpoints"))
   return ocp.CheckpointManager(path, options=options, item_names=("params", "opt_state", "data", "meta"))
 
 
@@ -85,12 +85,11 @@ def move_aside(workdir: str, step: int, folder: str, why: str) -> None:
   A later save of that step number then does not collide with it; the caller
   reloads its manager.
   """
-  src = os.path.join(workdir, "checkpoints", str(step))
-  dst = os.path.join(workdir, folder, f"{step}-{int(time.time())}")
+  src = storage.join(workdir, "checkpoints", str(step))
+  dst = storage.join(workdir, folder, f"{step}-{int(time.time())}")
   log.warning("checkpoint %s %s; moved to %s", src, why, dst)
   if jax.process_index() == 0:
-    os.makedirs(os.path.dirname(dst), exist_ok=True)
-    shutil.move(src, dst)
+    storage.move(src, dst)
 
 
 def restore_latest(mgr: ocp.CheckpointManager, workdir: str, abstract_params, abstract_opt_state,
@@ -171,14 +170,15 @@ def restore_meta(mgr: ocp.CheckpointManager, step: int) -> dict:
 def saved_steps(workdir: str) -> list[int]:
   """The steps of the complete checkpoints in ``workdir/checkpoints``, oldest first (``[]`` when there is none).
 
-  Read from the directory names alone (no restore): orbax names a checkpoint by
-  its step and writes a save in progress as ``<step>.orbax-checkpoint-tmp-*``
-  until it is complete, so a digits-only name is a finished checkpoint.
+  Read from the directory listing (no restore) by orbax's own test for a
+  finished step: a digits-only directory name (a local save in progress is
+  ``<step>.orbax-checkpoint-tmp-*``) that, in an object store, also holds the
+  ``commit_success.txt`` marker.
   """
-  path = os.path.join(workdir, "checkpoints")
-  if not os.path.isdir(path):
+  path = storage.join(workdir, "checkpoints")
+  if not storage.path(path).is_dir():
     return []
-  return sorted(int(n) for n in os.listdir(path) if n.isdigit() and os.path.isdir(os.path.join(path, n)))
+  return sorted(ocp.utils.checkpoint_steps(path))
 
 
 def kept_steps(workdir: str) -> tuple[ml_collections.ConfigDict, list[int]]:
@@ -187,13 +187,12 @@ def kept_steps(workdir: str) -> tuple[ml_collections.ConfigDict, list[int]]:
   Raises ``FileNotFoundError`` / ``ValueError`` naming what is missing: the
   workdir, its ``config.json``, its ``checkpoints/``, or any checkpoint.
   """
-  if not os.path.isdir(workdir):
+  if not storage.path(workdir).is_dir():
     raise FileNotFoundError(f"--workdir {workdir} does not exist")
-  config_path = os.path.join(workdir, "config.json")
-  if not os.path.exists(config_path) or not os.path.isdir(os.path.join(workdir, "checkpoints")):
+  config_path = storage.join(workdir, "config.json")
+  if not storage.path(config_path).exists() or not storage.path(storage.join(workdir, "checkpoints")).is_dir():
     raise ValueError(f"{workdir} is not an abspos_jax run: it needs config.json and checkpoints/ (train.py writes both)")
-  with open(config_path) as f:
-    config = ml_collections.ConfigDict(json.load(f))
+  config = ml_collections.ConfigDict(storage.read_json(config_path))
   config.mesh.shape, config.mesh.axes = tuple(config.mesh.shape), tuple(config.mesh.axes)
   steps = saved_steps(workdir)
   if not steps:

@@ -16,6 +16,7 @@ from typing import Any
 
 import ml_collections
 
+from abspos_jax import storage
 from abspos_jax.model import POSITIONS  # noqa: F401 (configs/base.py takes it from here)
 
 BOS_POLICIES = ("prepend", "none")
@@ -239,11 +240,10 @@ def resolve_mesh_shape(config: ml_collections.ConfigDict, num_devices: int | Non
 
 def workdir_diff(workdir: str, config: ml_collections.ConfigDict) -> list[tuple[str, Any, Any]]:
   """:func:`diff` of the run recorded in ``workdir/config.json`` against ``config`` (``[]`` when none is recorded)."""
-  path = os.path.join(workdir, "config.json")
-  if not os.path.exists(path):
+  path = storage.join(workdir, "config.json")
+  if not storage.path(path).exists():
     return []
-  with open(path) as f:
-    return diff(json.load(f), to_dict(config))
+  return diff(storage.read_json(path), to_dict(config))
 
 
 def diff(stored: dict, current: dict) -> list[tuple[str, Any, Any]]:

@@ -1,48 +1,55 @@
 """Metric logging: ``metrics.jsonl`` (one JSON object per logged step) and TensorBoard events.
 
-Only process 0 writes. Records are appended and flushed one line at a time;
-on resume the file is rewritten (temp file + rename) without the records past
-the restored step and without a line a crash cut short, so it reads as one
-uninterrupted run.
+Only process 0 writes. Records are appended and flushed one line at a time
+(in an object store, which cannot append, the object is rewritten whole at
+every record, one upload each); on resume the file is rewritten (temp file +
+rename, or one upload) without the records past the restored step and without
+a line a crash cut short, so it reads as one uninterrupted run.
 """
 
 import json
-import os
 import sys
 
 import jax
+
+from abspos_jax import storage
 
 
 class MetricsWriter:
   def __init__(self, workdir: str, resume_step: int | None = None):
     self.enabled = jax.process_index() == 0
-    self.path = os.path.join(workdir, "metrics.jsonl")
+    self.path = storage.join(workdir, "metrics.jsonl")
     self._tb = None
+    self._lines: list[str] = []  # an object store cannot append: the whole object is rewritten per record
     if not self.enabled:
       return
-    if resume_step is not None and os.path.exists(self.path):
-      kept = [json.dumps(r) + "\n" for r in read_metrics(workdir) if r["step"] <= resume_step]
-      tmp = self.path + ".tmp"
-      with open(tmp, "w") as f:
-        f.writelines(kept)
-      os.replace(tmp, self.path)
-    elif resume_step is None and os.path.exists(self.path):
-      os.remove(self.path)
-    self._tb = _summary_writer_class()(os.path.join(workdir, "tensorboard"))
-    self._file = open(self.path, "a")
+    exists = storage.path(self.path).exists()
+    if resume_step is not None and exists:
+      self._lines = [json.dumps(r) + "\n" for r in read_metrics(workdir) if r["step"] <= resume_step]
+      storage.write_text(self.path, "".join(self._lines))
+    elif resume_step is None and exists:
+      storage.path(self.path).unlink()
+    self._tb = _summary_writer_class()(storage.join(workdir, "tensorboard"))
+    self._file = None if storage.is_remote(self.path) else open(self.path, "a")
 
   def write(self, step: int, metrics: dict[str, float]) -> None:
     if not self.enabled:
       return
     record = {"step": int(step), **{k: float(v) for k, v in metrics.items()}}
-    self._file.write(json.dumps(record) + "\n")
-    self._file.flush()
+    line = json.dumps(record) + "\n"
+    if self._file is None:
+      self._lines.append(line)
+      storage.write_text(self.path, "".join(self._lines))
+    else:
+      self._file.write(line)
+      self._file.flush()
     for key, value in metrics.items():
       self._tb.add_scalar(key, float(value), int(step))
 
   def close(self) -> None:
     if self.enabled:
-      self._file.close()
+      if self._file is not None:
+        self._file.close()
       self._tb.close()
 
 
@@ -72,10 +79,9 @@ def read_metrics(workdir: str) -> list[dict]:
   A line cut short by a crash mid-write is not a record and is skipped.
   """
   records = []
-  with open(os.path.join(workdir, "metrics.jsonl")) as f:
-    for line in f:
-      try:
-        records.append(json.loads(line))
-      except json.JSONDecodeError:
-        continue
+  for line in storage.read_text(storage.join(workdir, "metrics.jsonl")).splitlines():
+    try:
+      records.append(json.loads(line))
+    except json.JSONDecodeError:
+      continue
   return records

@@ -18,7 +18,6 @@ import copy
 import dataclasses
 import errno
 import logging
-import os
 import signal
 import sys
 import threading
@@ -31,7 +30,7 @@ import ml_collections
 import numpy as np
 from flax import nnx
 
-from abspos_jax import atomic, checkpoint, data, distributed, flops, model as model_lib, sharding
+from abspos_jax import checkpoint, data, distributed, flops, model as model_lib, sharding, storage
 from abspos_jax.analysis import emergence_hook
 from abspos_jax import config as config_lib
 from abspos_jax import seeds as seeds_lib
@@ -51,7 +50,7 @@ def check_workdir(config: ml_collections.ConfigDict, workdir: str, record: bool 
         f"{workdir} holds a run with a different config; resume only with the same config, "
         f"or choose another --workdir. Differing fields:\n{lines}")
   if record and jax.process_index() == 0:
-    atomic.write_json(os.path.join(workdir, "config.json"), config_lib.to_dict(config))
+    storage.write_json(storage.join(workdir, "config.json"), config_lib.to_dict(config))
 
 
 def init_state(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, tx, seeds: Sequence[int] | None = None):
@@ -179,7 +178,7 @@ def train_seeds(config: ml_collections.ConfigDict, workdir_template: str, seeds:
 
 def _open_workdir(config: ml_collections.ConfigDict, workdir: str, record: bool) -> None:
   try:
-    os.makedirs(workdir, exist_ok=True)
+    storage.makedirs(workdir)
     check_workdir(config, workdir, record)
   except OSError as e:
     raise OSError(e.errno, f"--workdir {workdir} cannot be used: {e.strerror or e}") from e

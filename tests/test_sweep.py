@@ -460,17 +460,22 @@ def test_seeds_together_local_reruns_a_group_until_every_seed_is_done(tmp_path):
 # ---------------------------------------------------------------------------- end to end
 
 
-@pytest.mark.slow
-def test_local_sweep_trains_analyses_compares_then_skips(tmp_path, monkeypatch):
-  monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR", raising=False)
-  sweep_file = tmp_path / "two.py"
-  overrides = dict(TINY, train={**TINY["train"], "peak_flops": 1e12})  # no matmul peak measurement
-  sweep_file.write_text(
+def two_seed_sweep(path, **train):
+  """A sweep file over seeds 0 and 1 of TINY (with ``train`` overrides), analysed on 4 sequences."""
+  overrides = dict(TINY, train={**TINY["train"], "peak_flops": 1e12, **train})  # no matmul peak measurement
+  path.write_text(
       "import ml_collections\nfrom abspos_jax.sweep import sweep_defaults\n\n\ndef get_config():\n"
       "  c = sweep_defaults()\n"
       f"  c.overrides = ml_collections.ConfigDict({overrides!r})\n"
       "  c.vary = (('train.seed', (0, 1)),)\n"
       "  c.analyze.num_sequences = 4\n  c.analyze.skip_interventions = True\n  return c\n")
+  return path
+
+
+@pytest.mark.slow
+def test_local_sweep_trains_analyses_compares_then_skips(tmp_path, monkeypatch):
+  monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR", raising=False)
+  sweep_file = two_seed_sweep(tmp_path / "two.py")
   root = tmp_path / "root"
   cmd = [sys.executable, "-m", "abspos_jax.sweep", f"--sweep={sweep_file}", f"--root={root}", "--launch=local"]
   r = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)

@@ -2,14 +2,12 @@
 analyse, write the outputs."""
 
 import dataclasses
-import json
 import os
-import shutil
 
 import jax
 import ml_collections
 
-from abspos_jax import atomic, checkpoint, data
+from abspos_jax import checkpoint, data, storage
 from abspos_jax.data import builders
 from abspos_jax.analysis import curves, outputs, schema
 from abspos_jax.analysis.run import AnalysisOptions, AnalysisResult, analyze
@@ -22,7 +20,7 @@ def analyze_run(workdir: str, *, step: int | None = None, out: str | None = None
   if num_sequences < 2:
     raise ValueError(f"--num_sequences must be >= 2 (the held-out estimators need two halves), got {num_sequences}")
   config, model, step = checkpoint.load_model(workdir, step)
-  out = out or os.path.join(workdir, "analysis")
+  out = out or storage.join(workdir, "analysis")
   outputs.check_writable(out)
   trained = config.data.seq_len
   seq_len = seq_len or trained
@@ -34,7 +32,7 @@ def analyze_run(workdir: str, *, step: int | None = None, out: str | None = None
     seqs = data.eval_sequences(config.data, num_sequences=num_sequences, split=split, bos=policy)
     sequences[policy] = seqs[:, :seq_len]  # the model's inputs
   result = analyze(model, sequences, main=config.data.bos, options=options)
-  meta = {"workdir": os.path.abspath(workdir), "step": int(step), "data": config.data.name, "split": split,
+  meta = {"workdir": storage.absolute(workdir), "step": int(step), "data": config.data.name, "split": split,
           "options": dataclasses.asdict(options)}
   outputs.write(out, result.summary, result.stats, meta)
   return result
@@ -43,16 +41,15 @@ def analyze_run(workdir: str, *, step: int | None = None, out: str | None = None
 def _previous(path: str, workdir: str, step: int, num_sequences: int, split: str, seq_len: int,
               options: AnalysisOptions) -> dict | None:
   """The ``summary.json`` at ``path`` if it is this step's analysis with these settings and estimators, else None."""
-  if not os.path.exists(path):
+  if not storage.path(path).exists():
     return None
-  with open(path) as f:
-    s = json.load(f)
+  s = storage.read_json(path)
   if s.get("estimators") != schema.ESTIMATORS:  # an older analysis: its keys and numbers differ
     return None
   m = s.get("meta", {})
   same_options = {**m.get("options", {}), "progress": None} == {**dataclasses.asdict(options), "progress": None}
   return s if (m.get("workdir"), m.get("step"), m.get("split"), s.get("num_sequences"), s.get("seq_len"),
-               same_options) == (os.path.abspath(workdir), step, split, num_sequences, seq_len, True) else None
+               same_options) == (storage.absolute(workdir), step, split, num_sequences, seq_len, True) else None
 
 
 def analyze_all_steps(workdir: str, *, out: str | None = None, num_sequences: int = 256, split: str = "validation",
@@ -70,12 +67,12 @@ def analyze_all_steps(workdir: str, *, out: str | None = None, num_sequences: in
   checkpoints.
   """
   config, steps = checkpoint.kept_steps(workdir)
-  root = out or os.path.join(workdir, "analysis_steps")
+  root = out or storage.join(workdir, "analysis_steps")
   resolved_len = seq_len or config.data.seq_len
   records = []
   for step in steps:
-    step_out = os.path.join(root, f"step_{step}")
-    summary = _previous(os.path.join(step_out, "summary.json"), workdir, step, num_sequences, split, resolved_len,
+    step_out = storage.join(root, f"step_{step}")
+    summary = _previous(storage.join(step_out, outputs.MARKER), workdir, step, num_sequences, split, resolved_len,
                         options)
     if summary is None:
       summary = analyze_run(workdir, step=step, out=step_out, num_sequences=num_sequences, split=split,
@@ -84,8 +81,8 @@ def analyze_all_steps(workdir: str, *, out: str | None = None, num_sequences: in
   if jax.process_index() == 0:
     curves.write_steps(root, records, workdir)
     if out is None:
-      with atomic.directory(os.path.join(workdir, "analysis"), ".analysis-") as tmp:
-        shutil.copytree(os.path.join(root, f"step_{steps[-1]}"), tmp, dirs_exist_ok=True)
+      with storage.directory(storage.join(workdir, "analysis"), ".analysis-", marker=outputs.MARKER) as tmp:
+        storage.copy_tree(storage.join(root, f"step_{steps[-1]}"), tmp)
   return records
 
 

@@ -8,12 +8,11 @@ their curves against training tokens (``emergence.png``, and per group under
 ``emergence`` in ``comparison.json``; see ``analysis/curves.py``).
 """
 
-import json
-import os
 
 import numpy as np
 
 from abspos_jax import config as config_lib
+from abspos_jax import storage
 from abspos_jax.analysis import curves, family, schema
 
 # (name in the table, path into summary.json); a list value is averaged over layers.
@@ -61,14 +60,13 @@ def _get(summary: dict, path: tuple) -> float:
 
 def load(run_dir: str) -> tuple[dict, dict]:
   """``(config, summary)`` of a run directory (its ``analysis/`` is read) or an analysis directory."""
-  candidates = [os.path.join(run_dir, "analysis", "summary.json"), os.path.join(run_dir, "summary.json")]
-  path = next((p for p in candidates if os.path.exists(p)), None)
+  candidates = [storage.join(run_dir, "analysis", "summary.json"), storage.join(run_dir, "summary.json")]
+  path = next((p for p in candidates if storage.path(p).exists()), None)
   if path is None:
     raise FileNotFoundError(f"{run_dir}: no summary.json (run `python analyze.py --workdir={run_dir}` first)")
-  with open(path) as f:
-    summary = json.load(f)
-  config_path = os.path.join(run_dir, "config.json")
-  config = json.load(open(config_path)) if os.path.exists(config_path) else {}
+  summary = storage.read_json(path)
+  config_path = storage.join(run_dir, "config.json")
+  config = storage.read_json(config_path) if storage.path(config_path).exists() else {}
   return config, summary
 
 
@@ -106,15 +104,13 @@ def compare(run_dirs: list[str], out: str) -> dict:
     by_run = {r["dir"]: curves.run_curves(r["dir"]) for r in runs}
     row["emergence"] = {d: c for d, c in by_run.items() if c is not None}
     table[key] = row
-  os.makedirs(out, exist_ok=True)
-  with open(os.path.join(out, "comparison.json"), "w") as f:
-    json.dump(table, f, indent=1)
+  storage.makedirs(out)
+  storage.write_json(storage.join(out, "comparison.json"), table, indent=1, sort_keys=False)
   by_run = {d: c for row in table.values() for d, c in row["emergence"].items()}
   if by_run:
-    curves.curves_figure(by_run, os.path.join(out, "emergence.png"))
-  with open(os.path.join(out, "comparison.md"), "w") as f:
-    f.write(render(table))
-  figure(table, os.path.join(out, "comparison.png"))
+    curves.curves_figure(by_run, storage.join(out, "emergence.png"))
+  storage.write_text(storage.join(out, "comparison.md"), render(table))
+  figure(table, storage.join(out, "comparison.png"))
   family.write({key: [r["summary"] for r in runs] for key, runs in groups.items()}, out)
   return table
 
@@ -171,5 +167,5 @@ def figure(table: dict, path: str) -> None:
                fontsize=9)
   ax.legend(fontsize=8)
   fig.tight_layout()
-  fig.savefig(path, dpi=110)
+  storage.save_figure(fig, path, dpi=110)
   plt.close(fig)

@@ -11,8 +11,6 @@
   ``steps.png`` (error bars from the intervals; ``analyze.py --all_steps``).
 """
 
-import json
-import os
 import re
 
 import matplotlib
@@ -21,6 +19,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from abspos_jax import storage  # noqa: E402
 from abspos_jax.analysis import schema  # noqa: E402
 from abspos_jax.analysis.figures import ci_errors  # noqa: E402
 from abspos_jax.metrics import read_metrics  # noqa: E402
@@ -46,7 +45,7 @@ def run_curves(run_dir: str) -> dict[str, list] | None:
   ``causal_mask_share``, ``leakage_log_weights``, ``val_loss``,
   ``emergence_fraction`` as logged (None where a value is missing or NaN).
   """
-  if not os.path.exists(os.path.join(run_dir, "metrics.jsonl")):
+  if not storage.path(storage.join(run_dir, "metrics.jsonl")).exists():
     return None
   records = [r for r in read_metrics(run_dir) if "sink_score_max" in r]
   if not records:
@@ -106,7 +105,7 @@ def curves_figure(curves: dict[str, dict[str, list]], path: str) -> None:
   cols = 3
   rows = -(-len(CURVES) // cols)
   fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.0 * rows), squeeze=False)
-  names = {label: os.path.basename(os.path.normpath(label)) or label for label in curves}  # the readable part
+  names = {label: storage.name(label) or label for label in curves}  # the readable part
   styles = _styles(list(names.values()))
   for ax, (key, title) in zip(axes.flat, CURVES):
     for label, c in curves.items():
@@ -127,7 +126,7 @@ def curves_figure(curves: dict[str, dict[str, list]], path: str) -> None:
   fig.suptitle("Emergence during training (fixed validation batch at every evaluation)")
   fig.tight_layout()
   fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=7)  # beside the panels
-  fig.savefig(path, dpi=110, bbox_inches="tight")
+  storage.save_figure(fig, path, dpi=110, bbox_inches="tight")
   plt.close(fig)
 
 
@@ -176,8 +175,8 @@ def write_steps(out: str, records: list[dict], workdir: str) -> None:
   Error bars: the summary's intervals (``*_ci``, delete-one-block jackknife, 95%).
   """
   records = sorted(records, key=lambda r: r["step"])
-  with open(os.path.join(out, "steps.json"), "w") as f:
-    json.dump({"workdir": os.path.abspath(workdir), "steps": records}, f, indent=1)
+  storage.write_json(storage.join(out, "steps.json"), {"workdir": storage.absolute(workdir), "steps": records},
+                     indent=1, sort_keys=False)
   step = np.array([r["step"] for r in records])
   has_iv = all("bos_replace" in r and "mean" in r["bos_replace"] for r in records)
   fig, axes = plt.subplots(1, 4 if has_iv else 3, figsize=(17 if has_iv else 13, 3.4))
@@ -211,5 +210,5 @@ def write_steps(out: str, records: list[dict], workdir: str) -> None:
     ax.set_xlabel("training step")
   fig.suptitle(f"Analysis of every kept checkpoint of {workdir} (error bars: 95% jackknife intervals)")
   fig.tight_layout()
-  fig.savefig(os.path.join(out, "steps.png"), dpi=110)
+  storage.save_figure(fig, storage.join(out, "steps.png"), dpi=110)
   plt.close(fig)

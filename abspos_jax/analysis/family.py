@@ -21,12 +21,11 @@ values) plus ``family_layers.png``, ``family_interventions.png`` and
 kept per group (never averaged across depths).
 """
 
-import json
-import os
 import warnings
 
 import numpy as np
 
+from abspos_jax import storage
 from abspos_jax.analysis import schema
 
 LAYER_KEYS = {
@@ -95,14 +94,13 @@ def short_labels(labels: list[str]) -> dict[str, str]:
 def write(groups: dict[str, list[dict]], out: str) -> dict:
   """``family.json`` and the three figures in ``out``; returns the summary."""
   table = summarise(groups)
-  with open(os.path.join(out, "family.json"), "w") as f:
-    json.dump(table, f, indent=1)
+  storage.write_json(storage.join(out, "family.json"), table, indent=1, sort_keys=False)
   if table:
     short = short_labels(list(table))
     plotted = {short[k]: v for k, v in table.items()}
-    _layers_figure(plotted, os.path.join(out, "family_layers.png"))
-    _interventions_figure(plotted, os.path.join(out, "family_interventions.png"))
-    _fingerprint_figure(plotted, os.path.join(out, "family_fingerprint.png"))
+    _layers_figure(plotted, storage.join(out, "family_layers.png"))
+    _interventions_figure(plotted, storage.join(out, "family_interventions.png"))
+    _fingerprint_figure(plotted, storage.join(out, "family_fingerprint.png"))
   return table
 
 
@@ -136,7 +134,7 @@ def _layers_figure(table: dict, path: str) -> None:
   axes[0].legend(fontsize=6)
   fig.suptitle("Per layer, mean ± std over seeds", fontsize=10)
   fig.tight_layout()
-  fig.savefig(path, dpi=100)
+  storage.save_figure(fig, path, dpi=100)
   plt.close(fig)
 
 
@@ -171,7 +169,7 @@ def _interventions_figure(table: dict, path: str) -> None:
   fig.suptitle("Interventions, mean ± std over seeds (a removed fraction exists only where the component before "
                "is clearly non-zero)", fontsize=9)
   fig.tight_layout()
-  fig.savefig(path, dpi=100)
+  storage.save_figure(fig, path, dpi=100)
   plt.close(fig)
 
 
@@ -188,5 +186,5 @@ def _fingerprint_figure(table: dict, path: str) -> None:
     ax.set_xlabel("depth (0 = embedding)")
   axes[0].legend(fontsize=6)
   fig.tight_layout()
-  fig.savefig(path, dpi=100)
+  storage.save_figure(fig, path, dpi=100)
   plt.close(fig)

@@ -7,11 +7,11 @@ from typing import Any
 
 import ml_collections
 
-from abspos_jax import atomic
+from abspos_jax import storage
 from abspos_jax import config as config_lib
 from abspos_jax.sweep.commands import commands_text, jobs, sbatch_text, select, sweep_json
 from abspos_jax.sweep.local import Runner, run_local, run_logged
-from abspos_jax.sweep.spec import REPO, SweepError, expand
+from abspos_jax.sweep.spec import REPO, SweepError, expand, staging_dir
 
 LAUNCHES = ("local", "print", "slurm")
 
@@ -24,28 +24,28 @@ def execute(cfg: ml_collections.ConfigDict, root: str, launch: str, *, sweep_fil
     raise SweepError(f"--launch must be one of {', '.join(LAUNCHES)}, got {launch!r}")
   sweep = expand(cfg)
   selected = select(jobs(sweep, root, python), only)
-  root = os.path.abspath(root)
+  root = storage.absolute(root)
+  local = staging_dir(root)  # logs and Slurm's files need a local disk; the same as root unless root is a URI
   commands = commands_text(selected)
   if not dry_run:
-    os.makedirs(os.path.join(root, "logs"), exist_ok=True)
-    atomic.write_json(os.path.join(root, "sweep.json"), sweep_json(sweep, root, sweep_file, selected))
-    with open(os.path.join(root, "commands.sh"), "w") as f:
-      f.write(commands)
+    os.makedirs(os.path.join(local, "logs"), exist_ok=True)
+    storage.write_json(storage.join(root, "sweep.json"), sweep_json(sweep, root, sweep_file, selected))
+    for where in {root, local}:
+      storage.write_text(storage.join(where, "commands.sh"), commands)
   n_runs = sum(len(j.runs) for j in selected)
   if launch == "print":
     echo(commands.rstrip("\n"))
     where = "(dry run: nothing written)" if dry_run else f"written to {root}/commands.sh"
     echo(f"# {len(selected)} commands for {n_runs} runs, {where}; run each from {REPO}")
   elif launch == "slurm":
-    script = sbatch_text(sweep, root, len(selected))
+    script = sbatch_text(sweep, local, len(selected))
     if dry_run:
       echo(script.rstrip("\n"))
       echo(f"# dry run: nothing written ({len(selected)} array tasks)")
     else:
-      path = os.path.join(root, "sweep.sbatch")
-      with open(path, "w") as f:
-        f.write(script)
-      echo(f"wrote {path}: an array of {len(selected)} tasks, task k runs line k+1 of {root}/commands.sh")
+      path = os.path.join(local, "sweep.sbatch")
+      storage.write_text(path, script)
+      echo(f"wrote {path}: an array of {len(selected)} tasks, task k runs line k+1 of {local}/commands.sh")
       echo(f"submit:  sbatch {path}")
       echo(f"rerun some tasks (e.g. failed ones):  sbatch --array=3,7 {path}")
   else:

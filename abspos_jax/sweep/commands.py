@@ -6,6 +6,7 @@ import shlex
 from collections.abc import Sequence
 from typing import Any
 
+from abspos_jax import storage
 from abspos_jax.sweep.spec import ANALYZE_FLAGS, REPO, SEED_FIELD, SHORT_NAMES, Run, Sweep, SweepError, name_part
 
 
@@ -53,14 +54,14 @@ def _analyze_argv(sweep: Sweep, workdir: str, python: str) -> tuple[str, ...]:
 
 def jobs(sweep: Sweep, root: str, python: str = "python") -> list[Job]:
   """The command lines of a sweep, one per run (or per seed group with ``seeds_together``)."""
-  root = os.path.abspath(root)
+  root = storage.absolute(root)
   analyse = sweep.analyze["enabled"]
 
   def analyses(runs) -> tuple:
-    return tuple(_analyze_argv(sweep, os.path.join(root, r.name), python) for r in runs) if analyse else ()
+    return tuple(_analyze_argv(sweep, storage.join(root, r.name), python) for r in runs) if analyse else ()
 
   if not (sweep.seeds_together and SEED_FIELD in dict(sweep.vary)):
-    return [Job(r.name, (r,), _train_argv(sweep, os.path.join(root, r.name), {**sweep.overrides, **r.varied}, python),
+    return [Job(r.name, (r,), _train_argv(sweep, storage.join(root, r.name), {**sweep.overrides, **r.varied}, python),
                 analyses((r,))) for r in sweep.runs]
   groups: dict[tuple, list[Run]] = {}
   for r in sweep.runs:
@@ -73,7 +74,7 @@ def jobs(sweep: Sweep, root: str, python: str = "python") -> list[Job]:
     seeds = [r.varied[SEED_FIELD] for r in runs]
     assert all(label.format(seed=s) == r.name for s, r in zip(seeds, runs)), label
     fields = {**sweep.overrides, **{f: v for f, v in runs[0].varied.items() if f != SEED_FIELD}}
-    out.append(Job(label, tuple(runs), _train_argv(sweep, os.path.join(root, label), fields, python, seeds),
+    out.append(Job(label, tuple(runs), _train_argv(sweep, storage.join(root, label), fields, python, seeds),
                    analyses(runs)))
   return out
 
@@ -94,7 +95,12 @@ def commands_text(selected: list[Job]) -> str:
 
 
 def sbatch_text(sweep: Sweep, root: str, num_jobs: int, repo: str = REPO) -> str:
-  """``sweep.sbatch``: an array job whose task ``k`` runs line ``k + 1`` of ``ROOT/commands.sh``."""
+  """``sweep.sbatch``: an array job whose task ``k`` runs line ``k + 1`` of ``ROOT/commands.sh``.
+
+  ``root`` is where Slurm reads ``commands.sh`` and writes its logs, so for a
+  sweep into object storage it is the local staging directory
+  (:func:`abspos_jax.sweep.spec.staging_dir`); the runs still write to the bucket.
+  """
   root = os.path.abspath(root)
   s = sweep.slurm
   array = f"0-{num_jobs - 1}" + (f"%{s['max_parallel']}" if s["max_parallel"] > 0 else "")
@@ -114,9 +120,9 @@ def sbatch_text(sweep: Sweep, root: str, num_jobs: int, repo: str = REPO) -> str
 
 def sweep_json(sweep: Sweep, root: str, sweep_file: str, selected: list[Job]) -> dict:
   """``ROOT/sweep.json``: the resolved sweep, every run, and the command lines written."""
-  root = os.path.abspath(root)
+  root = storage.absolute(root)
   return {"sweep_file": sweep_file, "base": sweep.base, "overrides": sweep.overrides,
           "vary": [[f, list(v)] for f, v in sweep.vary], "analyze": sweep.analyze,
           "seeds_together": sweep.seeds_together,
-          "runs": [{"name": r.name, "workdir": os.path.join(root, r.name), "overrides": r.varied} for r in sweep.runs],
+          "runs": [{"name": r.name, "workdir": storage.join(root, r.name), "overrides": r.varied} for r in sweep.runs],
           "commands": [j.line() for j in selected]}

@@ -5,12 +5,14 @@ import os
 import shlex
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from abspos_jax import storage
 from abspos_jax.sweep.commands import Job
-from abspos_jax.sweep.spec import REPO, SEED_FIELD, Sweep
+from abspos_jax.sweep.spec import REPO, SEED_FIELD, Sweep, staging_dir
 from abspos_jax.sweep.state import analysed_step, decide, read_state
 
 
@@ -18,7 +20,20 @@ Runner = Callable[[Sequence[str], str, dict[str, str]], int]
 
 
 def run_logged(argv: Sequence[str], log_path: str, env: dict[str, str]) -> int:
-  """Run ``argv`` in the repository root with ``env``, appending its output to ``log_path``; its exit status."""
+  """Run ``argv`` in the repository root with ``env``, appending its output to ``log_path``; its exit status.
+
+  A log in object storage is written to a local file while the command runs
+  and appended to the object (one upload) when it ends, however it ends.
+  """
+  if storage.is_remote(log_path):
+    with tempfile.TemporaryDirectory() as d:
+      local = os.path.join(d, "log")
+      try:
+        return run_logged(argv, local, env)
+      finally:
+        previous = storage.read_text(log_path) if storage.path(log_path).exists() else ""
+        with open(local) as f:
+          storage.write_text(log_path, previous + f.read())
   os.makedirs(os.path.dirname(log_path), exist_ok=True)
   with open(log_path, "a") as log:
     log.write(f"$ {shlex.join(argv)}\n")
@@ -32,7 +47,8 @@ def run_logged(argv: Sequence[str], log_path: str, env: dict[str, str]) -> int:
 
 
 def local_env(root: str) -> dict[str, str]:
-  """The environment of local runs: a JAX compilation cache shared by the sweep (``ROOT/jax_cache``).
+  """The environment of local runs: a JAX compilation cache shared by the sweep (``ROOT/jax_cache``, local:
+  :func:`~abspos_jax.sweep.spec.staging_dir`).
 
   Runs that differ only in their seed compile the same programs, so all but the
   first of them load their train, eval and analysis steps from the cache (on
@@ -40,7 +56,7 @@ def local_env(root: str) -> dict[str, str]:
   time). A cache the environment already names is kept.
   """
   env = dict(os.environ)
-  env.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(root, "jax_cache"))
+  env.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(staging_dir(root), "jax_cache"))
   env.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
   return env
 
@@ -51,8 +67,8 @@ def _local(argv: Sequence[str]) -> list[str]:
 
 def _train(job: Job, workdirs: list[str], root: str, steps: int, runner: Runner, env: dict[str, str]) -> str | None:
   """Train (or resume) a job; None when every run reached ``steps``, else why not."""
-  log = (os.path.join(workdirs[0], "train.log") if len(workdirs) == 1 else
-         os.path.join(root, "logs", job.label.format(seed="_".join(str(r.varied[SEED_FIELD]) for r in job.runs))
+  log = (storage.join(workdirs[0], "train.log") if len(workdirs) == 1 else
+         os.path.join(staging_dir(root), "logs", job.label.format(seed="_".join(str(r.varied[SEED_FIELD]) for r in job.runs))
                       + ".train.log"))
   rc = runner(_local(job.train_argv), log, env)
   if rc:
@@ -69,10 +85,10 @@ def _analyse(job: Job, workdirs: list[str], steps: int, runner: Runner, env: dic
   for w, argv, s in zip(workdirs, job.analyze_argvs, _states(job, workdirs)):
     if s.analysed_step == steps:
       continue
-    log = os.path.join(w, "analyze.log")
+    log = storage.join(w, "analyze.log")
     rc = runner(_local(argv), log, env)
     if rc or analysed_step(w) != steps:
-      return f"analysis of {os.path.basename(w)} exited with status {rc}, see {log}"
+      return f"analysis of {storage.name(w)} exited with status {rc}, see {log}"
   return None
 
 
@@ -83,13 +99,13 @@ def _states(job: Job, workdirs: list[str]) -> list:
 def _compare_all(sweep: Sweep, root: str, compare: Callable[[list[str], str], Any] | None,
                  echo: Callable[[str], None]) -> list[str]:
   """``compare`` over every analysed run of the sweep into ``ROOT/comparison``; the failure, if any."""
-  analysed = [os.path.join(root, r.name) for r in sweep.runs
-              if analysed_step(os.path.join(root, r.name)) == r.config.train.steps]
+  analysed = [storage.join(root, r.name) for r in sweep.runs
+              if analysed_step(storage.join(root, r.name)) == r.config.train.steps]
   if not analysed:
     return []
   if compare is None:
     from abspos_jax.analysis.compare import compare
-  out = os.path.join(root, "comparison")
+  out = storage.join(root, "comparison")
   try:
     compare(analysed, out)
   except Exception as e:  # a report problem must not hide the runs' results
@@ -108,14 +124,14 @@ def run_local(sweep: Sweep, selected: list[Job], root: str, *, runner: Runner = 
   ``abspos_jax.analysis.compare.compare``) runs over every analysed run of the
   sweep into ``ROOT/comparison``.
   """
-  root = os.path.abspath(root)
+  root = storage.absolute(root)
   analyse = sweep.analyze["enabled"]
   env = local_env(root)
   failures = []
   for k, job in enumerate(selected, 1):
     steps = job.runs[0].config.train.steps  # train.steps may be varied, but not within a seed group
     prefix = f"[{k}/{len(selected)}] {job.label}:"
-    workdirs = [os.path.join(root, r.name) for r in job.runs]
+    workdirs = [storage.join(root, r.name) for r in job.runs]
     d = decide(_states(job, workdirs), steps, analyse)
     if d.action in ("conflict", "skip") or dry_run:
       if d.action == "conflict":

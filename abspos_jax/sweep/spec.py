@@ -12,8 +12,20 @@ from typing import Any
 import ml_collections
 
 from abspos_jax import config as config_lib
+from abspos_jax import storage
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def staging_dir(root: str) -> str:
+  """Where a sweep keeps what needs a local disk (process logs, Slurm's script and logs, the compile cache).
+
+  ``root`` itself for a local root; for ``gs://bucket/dir`` it is
+  ``STAGING/gs/bucket/dir`` with ``STAGING`` the environment's
+  ``ABSPOS_STAGING_DIR``, by default ``REPO/runs/staging`` (on a Slurm cluster
+  the repository is on the shared file system the array tasks read).
+  """
+  return storage.local_staging(root, os.environ.get("ABSPOS_STAGING_DIR", os.path.join(REPO, "runs", "staging")))
 SEED_FIELD = "train.seed"
 # Varied field -> prefix of its value in run names ("" : the value alone); others get "<last component>=".
 SHORT_NAMES = {

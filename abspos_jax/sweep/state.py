@@ -1,13 +1,11 @@
 """What a run directory holds (read from the file system, without restoring anything) and what to do with it."""
 
 import dataclasses
-import json
-import os
 from collections.abc import Sequence
 
 import ml_collections
 
-from abspos_jax import checkpoint
+from abspos_jax import checkpoint, storage
 from abspos_jax.analysis import schema
 from abspos_jax import config as config_lib
 
@@ -35,8 +33,7 @@ def latest_checkpoint_step(workdir: str) -> int | None:
 def analysed_step(workdir: str) -> int | None:
   """The checkpoint step ``analysis/summary.json`` analysed, or None (no summary, damaged, older estimators)."""
   try:
-    with open(os.path.join(workdir, "analysis", "summary.json")) as f:
-      summary = json.load(f)
+    summary = storage.read_json(storage.join(workdir, "analysis", "summary.json"))
   except (OSError, ValueError):
     return None
   if not isinstance(summary, dict) or summary.get("estimators") != schema.ESTIMATORS:

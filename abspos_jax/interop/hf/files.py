@@ -5,7 +5,7 @@ import os
 
 import ml_collections
 
-from abspos_jax import atomic
+from abspos_jax import storage
 from abspos_jax import model as model_lib
 from abspos_jax.data.tokenizer import VOCAB_SIZE
 from abspos_jax.interop.hf.common import CONFIG, WEIGHTS, read_json
@@ -36,17 +36,18 @@ def load_hf(hf_dir: str, *, seq_len: int) -> tuple[ml_collections.ConfigDict, mo
 def export(config: ml_collections.ConfigDict, model: model_lib.Decoder, out: str) -> dict:
   """Write ``config.json``, ``model.safetensors`` and the byte-level tokenizer of one of our runs into ``out``.
 
-  Written to a temporary sibling and renamed into place; an ``out`` that holds
-  anything but a previous export is refused rather than replaced. Returns the
-  HF config.
+  Written to a temporary directory that replaces ``out`` all or nothing
+  (:func:`abspos_jax.storage.directory`; in an object store ``config.json`` is
+  uploaded last); an ``out`` that holds anything but a previous export is
+  refused rather than replaced. Returns the HF config.
   """
   from safetensors.numpy import save_file
 
   hf = config_to_hf(config)  # refuses nope / learned / mixed patterns before anything is written
-  if os.path.exists(out) and (not os.path.isdir(out) or (os.listdir(out) and not os.path.exists(
-      os.path.join(out, CONFIG)))):
+  target = storage.path(out)
+  if target.exists() and (not target.is_dir() or (any(target.iterdir()) and not (target / CONFIG).exists())):
     raise FileExistsError(f"--out {out} exists and is not a previous export (no {CONFIG}); choose another --out")
-  with atomic.directory(out, ".export-") as tmp:
+  with storage.directory(out, ".export-", marker=CONFIG) as tmp:
     with open(os.path.join(tmp, CONFIG), "w") as f:
       json.dump(hf, f, indent=1)
     save_file(params_to_hf(model), os.path.join(tmp, WEIGHTS), metadata={"format": "pt"})
