@@ -195,3 +195,39 @@ def test_a_sweep_into_a_bucket_skips_and_resumes_from_bucket_state(bucket, stagi
   [row] = storage.read_json(f"{root}/comparison/comparison.json").values()
   assert row["seeds"] == [0, 1], r.stdout
   assert os.listdir(tmp_path / "jax_cache")  # the compile cache stayed on the local disk
+
+
+@pytest.mark.slow
+def test_seeds_trained_together_into_a_bucket_match_a_local_disk(bucket, tmp_path):
+  """``train.py --seeds`` with a ``gs://`` template: a directory per seed, time-sliced, the same losses as on disk."""
+  args = ["--seeds=0,1", "--config.train.steps=4", "--config.checkpoint.every=2", "--config.train.emergence=False"]
+  run(command(tmp_path / "s{seed}", *args))
+  template = f"{bucket}/seeds/s{{seed}}"
+  run(command(template, *args, "--config.train.stop_at_step=2"))
+  assert [checkpoint.saved_steps(f"{bucket}/seeds/s{s}") for s in (0, 1)] == [[2], [2]]
+  r = run(command(template, *args))
+  assert "resumed from step 2" in r.stderr, r.stderr[-2000:]
+  for s in (0, 1):
+    work = f"{bucket}/seeds/s{s}"
+    assert losses(work) == losses(tmp_path / f"s{s}")  # every logged step, bit for bit
+    assert storage.read_json(f"{work}/config.json")["train"]["seed"] == s
+    assert checkpoint.saved_steps(work) == [2, 4]
+
+
+@pytest.mark.slow
+def test_two_processes_write_one_run_to_a_bucket(bucket, tmp_path):
+  """2 JAX processes x 4 devices train, resume and analyse in the bucket; only process 0 writes the run's files."""
+  from test_multihost import RUN as MESH, assert_same, one_process, records, two_processes
+
+  one_process("train.py", f"--workdir={tmp_path / 'one'}", *MESH)
+  work = f"{bucket}/multi/run"
+  two_processes("train.py", f"--workdir={work}", *MESH, "--config.train.stop_at_step=2")
+  assert checkpoint.saved_steps(work) == [2] and not partial_save(work)
+  r = two_processes("train.py", f"--workdir={work}", *MESH)
+  assert "[p0] resumed from step 2" in r.stdout and "[p1] resumed from step 2" in r.stdout, r.stdout[-2000:]
+  assert [m["step"] for m in read_metrics(work)] == [1, 2, 3, 4]  # one record per step: process 0's
+  assert_same(records(work), records(tmp_path / "one"))
+  assert checkpoint.saved_steps(work) == [2, 4]
+  r = two_processes("analyze.py", f"--workdir={work}", "--num_sequences=8", "--batch_size=4", "--skip_interventions")
+  assert "[p0] wrote" in r.stdout and "[p1] wrote" not in r.stdout, r.stdout[-2000:]
+  assert storage.read_json(f"{work}/analysis/summary.json")["meta"]["step"] == 4
