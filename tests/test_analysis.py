@@ -47,7 +47,14 @@ def test_zero_qk_gives_mask_only_denominators(position):
                              atol=1e-5)
   c = r.summary["components"]
   assert abs(c["pooled"]["residual_stream"]) < 1e-4 and abs(c["pooled"]["causal_mask"] - 1) < 1e-4
-  np.testing.assert_allclose(r.summary["denominators"]["excess_mean_layer"], 0.0, atol=1e-5)
+  d = r.summary["denominators"]
+  np.testing.assert_allclose(d["excess_mean_layer"], 0.0, atol=1e-5)
+  np.testing.assert_allclose(d["excess_mean_layer_ci"], 0.0, atol=1e-5)  # no input changes anything
+  np.testing.assert_allclose(d["log_z_slope_layer"], 1.0, atol=1e-4)
+  np.testing.assert_allclose(d["log_z_slope_layer_ci"], 1.0, atol=1e-4)
+  # Flat weights: a_i0 = 1 / |V(i)| at the queries 1 <= i < W (all of them without a window) that see key 0.
+  seen = np.arange(1, 16 if position == "rope" else 4)
+  np.testing.assert_allclose(d["sink_mass_mean_layer"], np.mean(1.0 / (seen + 1)), atol=1e-5)
   # The raw attention features are functions of the mask here (v1's probe: R^2 1.0000); the mask-free one reads nothing.
   # (under a window of 4 keys the features stop changing at i = 3, so they read less).
   assert min(r.summary["probes"]["attention_raw_r2"]) > (0.99 if position == "rope" else 0.5)
@@ -357,3 +364,16 @@ def test_checkpoint_from_8_devices_analyses_on_one(tmp_path):
   result = analyze_run(str(tmp_path), num_sequences=8, options=FAST)
   assert result.summary["closedness_max_abs_diff"] == 0.0
   assert (tmp_path / "analysis" / "summary.json").exists()
+
+
+def test_denominator_picture_carries_jackknife_intervals():
+  """Per-layer slope, excess, max weight and key-0 weight: an interval around each value, from the blocks."""
+  r = analyze(model_lib.create(small_config(**{"model.init_std": 0.3})), sequences(n=16), options=FAST)
+  d = r.summary["denominators"]
+  for name in denominators.LAYER_MEANS:
+    values, cis = np.array(d[name]), np.array(d[name + "_ci"])
+    assert values.shape == (2,) and cis.shape == (2, 2), name
+    assert np.all(cis[:, 0] < values) and np.all(values < cis[:, 1]), (name, values, cis)
+  # the same means as the [layer, head, query] arrays in stats.npz
+  np.testing.assert_allclose(d["excess_mean_layer"], r.stats["excess"].mean((1, 2)), rtol=1e-5)
+  np.testing.assert_allclose(d["sink_mass_mean_layer"], r.stats["sink_mass"][:, :, 1:].mean((1, 2)), rtol=1e-5)

@@ -12,6 +12,8 @@ def _summary(res_layers, early, removed_early, bos_fp, none_fp=None, change_earl
                          "residual_stream_early": early, "causal_mask_early": [None if r is None else 1 - r for r in early]},
           "sink_rate": [0.0] * len(res_layers), "position0": {"norm_ratio": [1.0] * (len(res_layers) + 1)},
           "fingerprint": {"bos": bos_fp, **({"no_bos": none_fp} if none_fp else {})},
+          "denominators": {"log_z_slope_layer": [r + 0.3 for r in res_layers],
+                           "excess_mean_layer": [-r for r in res_layers]},
           "interventions": {"bos_replace": {"mean": {"residual_stream_removed": 0.5,
                                                      "residual_stream_removed_early": removed_early,
                                                      "residual_stream_change": -2e-3,
@@ -29,6 +31,9 @@ def test_means_and_seed_spread(tmp_path):
   assert rope["num_runs"] == 2
   np.testing.assert_allclose(rope["layers"]["residual_stream"]["mean"], [0.3, 0.6])
   np.testing.assert_allclose(rope["layers"]["residual_stream"]["std"], [np.sqrt(0.02), np.sqrt(0.08)])
+  # 95% t-interval of a mean of 2 seeds: t_{1, 0.975} = 12.706 times sd / sqrt(2)
+  np.testing.assert_allclose(rope["layers"]["residual_stream"]["ci_half"], 12.7062 * np.sqrt([0.01, 0.04]), rtol=1e-4)
+  np.testing.assert_allclose(rope["layers"]["log_z_slope"]["mean"], [0.6, 0.9])
   np.testing.assert_allclose(rope["layers"]["causal_mask"]["mean"], [0.7, 0.4])
   assert rope["layers"]["residual_stream_early"]["mean"] == [0.2, None]  # no early queries: stays missing
   np.testing.assert_allclose(rope["layers"]["fingerprint_no_bos"]["mean"], [0.8, 0.7, 0.6])
@@ -40,12 +45,12 @@ def test_means_and_seed_spread(tmp_path):
   np.testing.assert_allclose(change["std"], [np.sqrt(2e-6)])
   np.testing.assert_allclose(rope["interventions"]["bos_replace.mean"]["change"]["values"], [[-2e-3], [-2e-3]])
   swa = table["swa L1"]
-  assert swa["layers"]["residual_stream"]["std"] == [None]  # one seed: no spread
+  assert swa["layers"]["residual_stream"]["std"] == [None] == swa["layers"]["residual_stream"]["ci_half"]  # one seed
   assert "fingerprint_no_bos" not in swa["layers"]
   assert swa["interventions"]["bos_replace.mean"]["early"]["mean"] == [None]  # removed fraction null: no mean
   np.testing.assert_allclose(swa["interventions"]["bos_replace.mean"]["change_early"]["mean"], [-1e-3])
   assert json.loads((tmp_path / "family.json").read_text()) == table
-  for name in ("family_layers.png", "family_interventions.png", "family_fingerprint.png"):
+  for name in ("family_layers.png", "family_denominators.png", "family_interventions.png", "family_fingerprint.png"):
     assert (tmp_path / name).stat().st_size > 1000
 
 

@@ -13,7 +13,7 @@ import numpy as np
 
 from abspos_jax import config as config_lib
 from abspos_jax import storage
-from abspos_jax.analysis import curves, family, schema
+from abspos_jax.analysis import curves, family, intervals, schema
 
 # (name in the table, path into summary.json); a list value is averaged over layers.
 METRICS = (
@@ -154,8 +154,8 @@ def figure(table: dict, path: str) -> None:
     for i, k in enumerate(keys):
       v = table[k][name]
       ci = (v.get("intervals") or [None])[0] if len(v["values"]) == 1 else None
-      if v["std"] is not None:
-        errs[:, i] = v["std"]
+      if len(v["values"]) > 1:
+        errs[:, i] = np.nan_to_num(intervals.seed_half_width(np.array(v["values"], float)))
       elif ci and None not in ci and np.isfinite(means[i]):
         errs[:, i] = np.maximum([means[i] - ci[0], ci[1] - means[i]], 0.0)
     ax.bar(x + off, means, 0.4, yerr=errs, capsize=3, label=name)
@@ -163,7 +163,7 @@ def figure(table: dict, path: str) -> None:
   ax.set_xticks(x)
   ax.set_xticklabels(keys, rotation=25, ha="right", fontsize=7)
   ax.set_ylabel("share of query-position leakage")
-  ax.set_title("Leakage components by configuration\n(error bars: std over seeds; one run: its 95% interval)",
+  ax.set_title("Leakage components by configuration\n(error bars: 95% t-interval over seeds; one run: its 95% jackknife interval)",
                fontsize=9)
   ax.legend(fontsize=8)
   fig.tight_layout()

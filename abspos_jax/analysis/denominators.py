@@ -144,7 +144,8 @@ def finalize(acc: dict, visible: jax.Array, keep: jax.Array | None = None) -> di
   Returns ``Q [L, H, T]`` and ``Q_std [L, H, T]`` for every ``Q`` in
   ``QUANTITIES``; ``sink_mass_half [2, L, H, T]`` (means over the kept even /
   odd blocks); ``log_visible`` (``[T]`` for a ``[T, T]`` mask, ``[L, T]`` for
-  ``[L, T, T]``); ``log_z_slope [L, H]``; ``n_sequences []``.
+  ``[L, T, T]``); ``log_z_slope [L, H]``; ``n_sequences []``; and the
+  per-layer means of :data:`LAYER_MEANS`, each ``[L]``.
   """
   keep = jnp.ones_like(acc["n"]) if keep is None else keep
   parity = jnp.arange(keep.shape[0]) % 2
@@ -165,16 +166,40 @@ def finalize(acc: dict, visible: jax.Array, keep: jax.Array | None = None) -> di
   out["log_z_slope"] = _slope(log_v, out["log_z"], counts)
   out["log_visible"] = log_v
   out["n_sequences"] = n_all
+  out.update(_layer_means(out, visible))
   return out
 
 
-def summarize(den: dict[str, jax.Array]) -> dict:
-  """summary.json's ``denominators`` from :func:`finalize`'s results: per-layer means, JSON-ready."""
-  return {"log_z_slope_layer": schema.tolist(jnp.nanmean(den["log_z_slope"], -1)),
-          "log_z_slope": schema.tolist(den["log_z_slope"]),
-          "excess_mean_layer": schema.tolist(den["excess"].mean((-1, -2))),
-          "entropy_mean_layer": schema.tolist(den["entropy"].mean((-1, -2))),
-          "max_weight_mean_layer": schema.tolist(den["max_weight"].mean((-1, -2)))}
+def _layer_means(den: dict[str, jax.Array], visible: jax.Array) -> dict[str, jax.Array]:
+  """The per-layer picture ``[L]``: :data:`LAYER_MEANS` from :func:`finalize`'s per-(layer, head, query) means.
+
+  ``sink_mass_mean_layer`` averages ``a_i0`` over the queries ``i >= 1`` that
+  see key 0 (``1 <= i < W`` under a window of ``W`` keys): past-window zeros do
+  not dilute it, and query 0, whose only key is 0 (``a_00 = 1``), is left out.
+  """
+  sees_key0 = (visible[..., :, 0] & (jnp.arange(visible.shape[-1]) >= 1)).astype(jnp.float32)
+  sees_key0 = sees_key0 if sees_key0.ndim == 1 else sees_key0[:, None, :]  # [T] or [L, 1, T]
+  heads = den["sink_mass"].shape[-2]
+  sink = (den["sink_mass"] * sees_key0).sum((-1, -2)) / (heads * sees_key0.sum(-1).reshape(-1))
+  return {"log_z_slope_layer": jnp.nanmean(den["log_z_slope"], -1),
+          "excess_mean_layer": den["excess"].mean((-1, -2)),
+          "entropy_mean_layer": den["entropy"].mean((-1, -2)),
+          "max_weight_mean_layer": den["max_weight"].mean((-1, -2)),
+          "sink_mass_mean_layer": sink}
+
+
+# summary.json's per-layer denominator means, each with a jackknife interval (``<name>_ci``).
+LAYER_MEANS = ("log_z_slope_layer", "excess_mean_layer", "entropy_mean_layer", "max_weight_mean_layer",
+               "sink_mass_mean_layer")
+
+
+def summarize(den: dict[str, jax.Array], ci: dict) -> dict:
+  """summary.json's ``denominators``: the per-head slopes, and :data:`LAYER_MEANS` with their intervals from
+  the jackknife summary ``ci`` (keys ``denominators.<name>``), JSON-ready."""
+  out = {"log_z_slope": schema.tolist(den["log_z_slope"])}
+  for name in LAYER_MEANS:
+    out.update(schema.with_ci(ci, f"denominators.{name}", name))
+  return out
 
 
 def arrays(den: dict[str, jax.Array]) -> dict[str, np.ndarray]:

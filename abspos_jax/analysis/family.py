@@ -6,7 +6,10 @@ every run's ``summary.json``:
 
 * ``layers``: per layer, the causal-mask and residual-stream shares
   (``components.causal_mask`` / ``residual_stream`` and their ``_early``
-  variants), the sink rate and ``position0.norm_ratio`` (embedding included);
+  variants), the sink rate, ``position0.norm_ratio`` (embedding included) and
+  the denominator picture (``denominators``: slope of log Z on log|V(i)|,
+  excess, max weight, weight on key 0; the last absent from summaries written
+  before it existed);
 * ``fingerprint``: ``fingerprint.bos`` and ``fingerprint.no_bos`` per depth
   (``L + 1`` entries);
 * ``interventions``: per intervention, the fraction of the residual-stream
@@ -15,9 +18,10 @@ every run's ``summary.json``:
   have one) and the change of that component (after - before covariance,
   nats^2: ``change``, ``change_early``).
 
-and writes ``family.json`` (means, stds over seeds with ddof 1, and the seed
-values) plus ``family_layers.png``, ``family_interventions.png`` and
-``family_fingerprint.png``. Groups differ in depth, so per-layer arrays are
+and writes ``family.json`` (means, stds over seeds with ddof 1, the half-width
+``ci_half`` of the 95% t-interval of the mean, and the seed values) plus
+``family_layers.png``, ``family_denominators.png``, ``family_interventions.png``
+and ``family_fingerprint.png`` (bands and error bars: the t-intervals). Groups differ in depth, so per-layer arrays are
 kept per group (never averaged across depths).
 """
 
@@ -26,7 +30,7 @@ import warnings
 import numpy as np
 
 from abspos_jax import storage
-from abspos_jax.analysis import schema
+from abspos_jax.analysis import intervals, schema
 
 LAYER_KEYS = {
     "causal_mask": schema.CAUSAL_MASK_LAYER,
@@ -37,6 +41,10 @@ LAYER_KEYS = {
     "pos0_norm_ratio": schema.POS0_NORM_RATIO,
     "fingerprint_bos": schema.FINGERPRINT_BOS,
     "fingerprint_no_bos": schema.FINGERPRINT_NO_BOS,
+    "log_z_slope": (*schema.DENOMINATORS, "log_z_slope_layer"),
+    "excess": (*schema.DENOMINATORS, "excess_mean_layer"),
+    "max_weight": (*schema.DENOMINATORS, "max_weight_mean_layer"),
+    "sink_mass": (*schema.DENOMINATORS, "sink_mass_mean_layer"),
 }
 
 
@@ -45,14 +53,16 @@ def _array(x) -> np.ndarray:
 
 
 def _stat(values: list[np.ndarray]) -> dict:
-  """Mean and std (ddof 1) over seeds of equally shaped arrays; NaN-aware."""
+  """Mean, std (ddof 1) and ``ci_half``, the half-width of the 95% t-interval of the mean
+  (``intervals.seed_half_width``), over seeds of equally shaped arrays; NaN-aware."""
   a = np.stack(values)
   with warnings.catch_warnings():  # all-NaN slices (e.g. a layer without early queries) stay NaN quietly
     warnings.simplefilter("ignore", RuntimeWarning)
     mean = np.nanmean(a, 0)
     std = np.nanstd(a, 0, ddof=1) if len(a) > 1 else np.full(a.shape[1:], np.nan)
+  half = intervals.seed_half_width(a)
   clean = lambda v: [None if not np.isfinite(x) else float(x) for x in np.atleast_1d(v)]
-  return {"mean": clean(mean), "std": clean(std), "values": [clean(v) for v in a]}
+  return {"mean": clean(mean), "std": clean(std), "ci_half": clean(half), "values": [clean(v) for v in a]}
 
 
 def summarise(groups: dict[str, list[dict]]) -> dict:
@@ -92,22 +102,24 @@ def short_labels(labels: list[str]) -> dict[str, str]:
 
 
 def write(groups: dict[str, list[dict]], out: str) -> dict:
-  """``family.json`` and the three figures in ``out``; returns the summary."""
+  """``family.json`` and the four figures in ``out``; returns the summary."""
   table = summarise(groups)
   storage.write_json(storage.join(out, "family.json"), table, indent=1, sort_keys=False)
   if table:
     short = short_labels(list(table))
     plotted = {short[k]: v for k, v in table.items()}
     _layers_figure(plotted, storage.join(out, "family_layers.png"))
+    _layers_figure(plotted, storage.join(out, "family_denominators.png"), DENOMINATOR_PANELS)
     _interventions_figure(plotted, storage.join(out, "family_interventions.png"))
     _fingerprint_figure(plotted, storage.join(out, "family_fingerprint.png"))
   return table
 
 
 def _band(ax, x, stat: dict, label: str, **kw) -> None:
-  mean, std = _array(stat["mean"]), np.nan_to_num(_array(stat["std"]))
+  """The mean over seeds and its 95% t-interval as a shaded band (none drawn with one seed)."""
+  mean, half = _array(stat["mean"]), _array(stat["ci_half"])
   line, = ax.plot(x, mean, "o-", label=label, ms=3, **kw)
-  ax.fill_between(x, mean - std, mean + std, color=line.get_color(), alpha=0.2)
+  ax.fill_between(x, mean - half, mean + half, color=line.get_color(), alpha=0.2)
 
 
 def _plt():
@@ -117,12 +129,23 @@ def _plt():
   return plt
 
 
-def _layers_figure(table: dict, path: str) -> None:
+LAYER_PANELS = (("residual_stream", "residual-stream share"), ("residual_stream_early", "residual-stream share, early"),
+                ("sink_rate", "sink rate (eps 0.3)"), ("pos0_norm_ratio", "pos-0 / other norm ratio"))
+DENOMINATOR_PANELS = (("log_z_slope", "slope of log Z on log|V(i)|"), ("excess", "excess log Z - log|V(i)| (nats)"),
+                      ("max_weight", "max attention weight"), ("sink_mass", "weight on key 0 (queries that see it)"))
+
+
+def _layers_figure(table: dict, path: str, panels: tuple = LAYER_PANELS) -> None:
+  """One panel per ``(key, title)`` that some group has (older summaries lack newer keys); none: no figure."""
+  panels = [(key, title) for key, title in panels if any(key in entry["layers"] for entry in table.values())]
+  if not panels:
+    return
   plt = _plt()
-  panels = (("residual_stream", "residual-stream share"), ("residual_stream_early", "residual-stream share, early"),
-            ("sink_rate", "sink rate (eps 0.3)"), ("pos0_norm_ratio", "pos-0 / other norm ratio"))
-  fig, axes = plt.subplots(1, len(panels), figsize=(4.0 * len(panels), 3.4))
+  from matplotlib.ticker import MaxNLocator
+  fig, axes = plt.subplots(1, len(panels), figsize=(4.0 * len(panels), 3.4), squeeze=False)
+  axes = axes[0]
   for ax, (key, title) in zip(axes, panels):
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     for label, entry in table.items():
       if key in entry["layers"]:
         stat = entry["layers"][key]
@@ -132,10 +155,13 @@ def _layers_figure(table: dict, path: str) -> None:
     ax.set_xlabel("layer" if key != "pos0_norm_ratio" else "depth (0 = embedding)")
     ax.axhline(0, color="k", lw=0.6)
   axes[0].legend(fontsize=6)
-  fig.suptitle("Per layer, mean ± std over seeds", fontsize=10)
+  fig.suptitle("Per layer, mean over seeds and its 95% t-interval", fontsize=10)
   fig.tight_layout()
   storage.save_figure(fig, path, dpi=100)
   plt.close(fig)
+
+
+FRACTION_RANGE = (-1.5, 2.5)  # the removed-fraction axis; bars and intervals beyond it are cut at the frame
 
 
 def _interventions_figure(table: dict, path: str) -> None:
@@ -154,20 +180,32 @@ def _interventions_figure(table: dict, path: str) -> None:
         have = [name in table[g]["interventions"] and key in table[g]["interventions"][name] for g in labels]
         means = [_array(table[g]["interventions"][name][key]["mean"])[0] if h else np.nan
                  for g, h in zip(labels, have)]
-        errs = [np.nan_to_num(_array(table[g]["interventions"][name][key]["std"])[0]) if h else 0.0
-                for g, h in zip(labels, have)]
-        ax.bar(x + (k - len(schema.INTERVENTION_NAMES) / 2 + 0.5) * width, means, width, yerr=errs, capsize=2, label=name)
+        halves = np.array([_array(table[g]["interventions"][name][key]["ci_half"])[0] if h else np.nan
+                           for g, h in zip(labels, have)])
+        bars = ax.bar(x + (k - len(schema.INTERVENTION_NAMES) / 2 + 0.5) * width, means, width,
+                      yerr=np.nan_to_num(halves), capsize=2, label=name)
+        for bar, half in zip(bars, halves):
+          if not np.isfinite(half):  # a mean of fewer than two seeds: no interval to draw
+            bar.set_hatch("////")
+            bar.set_alpha(0.5)
       ax.axhline(0, color="k", lw=0.6)
       if not what:
         ax.axhline(0.4, color="gray", lw=0.8, ls="--")
+        ax.set_ylim(*FRACTION_RANGE)  # a fraction of a near-zero component can be in the hundreds
+      else:
+        ax.set_yscale("symlog", linthresh=1e-3)  # changes span nats^2 from 1e-4 (RoPE) to 1 (nope)
       ax.set_xticks(x)
       ax.set_xticklabels(labels, rotation=30, ha="right", fontsize=7)
       ax.set_title(f"residual-stream component {'removed' if not what else 'change'} ({scope} queries)",
                    fontsize=9)
     axes[row, 0].set_ylabel(unit, fontsize=8)
-  axes[0, 1].legend(fontsize=6)
-  fig.suptitle("Interventions, mean ± std over seeds (a removed fraction exists only where the component before "
-               "is clearly non-zero)", fontsize=9)
+  from matplotlib.patches import Patch  # plain swatches: a hatched first bar would hatch its legend entry too
+  colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+  axes[0, 1].legend(handles=[Patch(color=colours[k % len(colours)], label=name)
+                             for k, name in enumerate(schema.INTERVENTION_NAMES)], fontsize=6)
+  fig.suptitle(f"Interventions, mean over seeds and its 95% t-interval (fractions shown within {FRACTION_RANGE}; "
+               "changes on a symmetric log axis;\na removed fraction exists only where the component before "
+               "is clearly non-zero; hatched: fewer than two seeds, no interval)", fontsize=9)
   fig.tight_layout()
   storage.save_figure(fig, path, dpi=100)
   plt.close(fig)

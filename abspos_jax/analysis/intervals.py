@@ -81,3 +81,18 @@ def excludes_zero(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
   """True where a finite interval lies entirely on one side of 0."""
   lo, hi = np.asarray(lo), np.asarray(hi)
   return np.isfinite(lo) & np.isfinite(hi) & ((lo > 0) | (hi < 0))
+
+
+def seed_half_width(values: np.ndarray, level: float = LEVEL) -> np.ndarray:
+  """Half-width of the t-interval of the mean over seeds: ``values [seeds, ...]`` (NaN = no value) -> ``[...]``.
+
+  ``t_{n-1, (1 + level) / 2} * sd / sqrt(n)``, ``sd`` with ddof 1 over the
+  ``n`` finite values; NaN where ``n < 2``.
+  """
+  a = np.asarray(values, np.float64)
+  n = np.isfinite(a).sum(0)
+  with np.errstate(invalid="ignore", divide="ignore"):
+    mean = np.where(n > 0, np.nansum(a, 0) / np.maximum(n, 1), np.nan)
+    var = np.nansum((a - mean) ** 2, 0) / np.maximum(n - 1, 1)
+    t = scipy.stats.t.ppf(0.5 + level / 2, np.maximum(n - 1, 1))
+    return np.where(n >= 2, t * np.sqrt(var / np.maximum(n, 1)), np.nan)

@@ -103,6 +103,14 @@ def _fingerprint_sinks_probes(s: dict, eps: float, min_query: int) -> list[str]:
   return lines
 
 
+def _denominators(d: dict) -> str:
+  per_layer = lambda key: _layers_ci(d[key], d.get(key + "_ci"))  # noqa: E731
+  return (f"- **Denominators.** The slope of mean log Z_i against log|V(i)| is {per_layer('log_z_slope_layer')} "
+          f"per layer (1 = flat logits, the pure causal-mask effect; near 0 when a sink holds the mass); the mean "
+          f"excess E_i = log Z_i - log|V(i)| is {per_layer('excess_mean_layer')} nats; the mean weight on key 0 "
+          f"(queries i >= 1 that see it) is {per_layer('sink_mass_mean_layer')}.")
+
+
 def render(summary: dict, meta: dict, figures: list[str]) -> str:
   s, c = summary, summary["components"]
   L = s["num_layers"]
@@ -120,9 +128,7 @@ def render(summary: dict, meta: dict, figures: list[str]) -> str:
       f"- intervals `value [lo, hi]`: {iv_info.get('level', 0.95):.0%} {iv_info.get('method', 'jackknife')}; "
       f"{iv_info.get('nonempty_blocks', 'n/a')} of {iv_info.get('num_blocks', 'n/a')} blocks hold sequences", "",
       "## Results", "",
-      f"- **Denominators.** The slope of mean log Z_i against log|V(i)| is {_layers(s['denominators']['log_z_slope_layer'])} "
-      f"per layer (1 = flat logits, the pure causal-mask effect); the mean excess E_i = log Z_i - log|V(i)| is "
-      f"{_layers(s['denominators']['excess_mean_layer'])} nats.",
+      _denominators(s["denominators"]),
       f"- **Leakage.** Held-out absolute-position R^2 gain (offset + query effects over offset alone) is "
       f"{with_interval(lk['log_weights_overall'], lk.get('log_weights_overall_ci'))} for log-weights and "
       f"{with_interval(lk['logits_overall'], lk.get('logits_overall_ci'))} for logits "

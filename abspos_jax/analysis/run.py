@@ -114,11 +114,13 @@ _SINKS_CI = ("sink_score", "sink_score_max", "sink_score_max_layer")
 
 
 def _jackknife_core(acc: dict, visible: jax.Array, design: FEDesign, options: AnalysisOptions) -> dict:
-  """:func:`intervals.evaluate` of every number in ``_LEAKAGE_CI`` and ``_SINKS_CI``."""
+  """:func:`intervals.evaluate` of every number in ``_LEAKAGE_CI``, ``_SINKS_CI`` and
+  ``denominators.LAYER_MEANS``."""
   def estimates(keep, acc, visible, design):
     fin = finalize_core(acc, visible, design, options, keep)
     return {**{f"leakage.{k}": fin["leakage"][k] for k in _LEAKAGE_CI},
-            **{f"sinks.{k}": fin["sinks"][k] for k in _SINKS_CI}}
+            **{f"sinks.{k}": fin["sinks"][k] for k in _SINKS_CI},
+            **{f"denominators.{k}": fin["denominators"][k] for k in denominators.LAYER_MEANS}}
 
   return intervals.evaluate(estimates, options.num_blocks, acc, visible, design)
 
@@ -236,7 +238,7 @@ def analyze(model: Decoder, sequences: Mapping[str, np.ndarray], *, main: str = 
   m = finals[main]
   ci = intervals.summarize(_jackknife_baseline(m["acc"], visible, design, options), m["acc"]["leakage"]["n"])
   summary = {**_header(model.spec, sequences, main, finals, options, step_memory),
-             "denominators": denominators.summarize(m["denominators"]), **leakage.summarize(ci),
+             "denominators": denominators.summarize(m["denominators"], ci), **leakage.summarize(ci),
              "position0": position0.summarize(m["position0"]),
              "fingerprint": position0.summarize_fingerprints({p: f["position0"] for p, f in finals.items()}),
              **sinks.summarize(m["sinks"], ci), **probes.summarize(ci)}

@@ -34,6 +34,7 @@ RESIDUAL_STREAM_LAYER_EARLY = ("components", "residual_stream_early")
 POS0_NORM_RATIO = ("position0", "norm_ratio")  # [layer + 1], embedding output first
 FINGERPRINT_BOS = ("fingerprint", "bos")
 FINGERPRINT_NO_BOS = ("fingerprint", "no_bos")
+DENOMINATORS = ("denominators",)  # per-layer means, each with ``_ci`` (``denominators.LAYER_MEANS``)
 SINK_RATE = ("sink_rate",)  # [layer]
 SINK_SCORE_MAX = ("sink_score_max",)
 INTERVENTIONS = ("interventions",)
