@@ -15,8 +15,8 @@ def visible(query_pos: jax.Array, key_pos: jax.Array, window: int | None = None)
   ``query_pos [..., Tq]`` and ``key_pos [..., Tk]`` are absolute positions.
   ``window=None`` is plain causal attention.
   """
-  q = query_pos[..., :, None]
-  k = key_pos[..., None, :]
+  q = jnp.asarray(query_pos)[..., :, None]  # NumPy positions: built in the graph, not a [T, T] constant
+  k = jnp.asarray(key_pos)[..., None, :]
   mask = k <= q
   if window is not None:
     mask = mask & (q - k < window)

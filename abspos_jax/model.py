@@ -20,6 +20,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 import ml_collections
+import numpy as np
 from flax import nnx
 
 from abspos_jax import precision
@@ -134,7 +135,7 @@ class Decoder(nnx.Module):
     """Logits for ``tokens [B, T]`` at positions ``0 .. T-1``; see :mod:`abspos_jax.hooks` for points."""
     point = hooks if hooks is not None else (lambda _, v: v)
     spec = self.spec
-    positions = jnp.arange(tokens.shape[1])
+    positions = np.arange(tokens.shape[1])  # static: RoPE tables become constants (rope.rope_angles)
     h = point("embed.tokens", jnp.take(self.embed[...], tokens, axis=0).astype(jnp.float32))
     if spec.position == "learned":
       h = h + self.pos_embed[...][: tokens.shape[1]].astype(jnp.float32)[None]

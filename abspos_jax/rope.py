@@ -9,6 +9,7 @@ depends on positions only through the offset.
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 
 def ntk_base(rope_base: float, alpha: float, head_dim: int) -> float:
@@ -18,10 +19,12 @@ def ntk_base(rope_base: float, alpha: float, head_dim: int) -> float:
   return rope_base * alpha ** (head_dim / (head_dim - 2))
 
 
-def inverse_frequencies(head_dim: int, base: float) -> jax.Array:
-  """``theta_k = base ** (-2k / d_h)`` for ``k = 0 .. d_h/2 - 1``: shape ``[d_h/2]``."""
-  exponents = jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim
-  return 1.0 / (base**exponents)
+def inverse_frequencies(head_dim: int, base: float) -> np.ndarray:
+  """``theta_k = base ** (-2k / d_h)`` for ``k = 0 .. d_h/2 - 1``: float32, shape ``[d_h/2]``.
+
+  A NumPy array: it depends only on static numbers, so it is a constant under ``jit``.
+  """
+  return (1.0 / base ** (np.arange(0, head_dim, 2) / head_dim)).astype(np.float32)
 
 
 def rope_angles(positions: jax.Array, head_dim: int, base: float) -> tuple[jax.Array, jax.Array]:
@@ -29,7 +32,19 @@ def rope_angles(positions: jax.Array, head_dim: int, base: float) -> tuple[jax.A
 
   The two halves of the last axis repeat the same ``d_h/2`` angles
   (``emb = concat(freqs, freqs)``), matching :func:`rotate_half`.
+
+  NumPy ``positions`` (the model's ``0 .. T-1``, known when it is traced)
+  give NumPy tables, which enter the compiled step as constants: traced
+  tables were recomputed by XLA inside every fusion that reads them, a
+  ``cos`` and a ``sin`` per element of q and k in every layer, forward and
+  backward (on CPU 63 of them, ~5% of a bf16 train step, ``docs/benchmarks.md``).
+  Either way the angle is the float32 product ``p * theta_k``; NumPy rounds
+  its cosine and sine correctly.
   """
+  if isinstance(positions, np.ndarray):
+    freqs = (positions.astype(np.float32)[..., None] * inverse_frequencies(head_dim, base)).astype(np.float64)
+    emb = np.concatenate([freqs, freqs], axis=-1)
+    return np.cos(emb).astype(np.float32), np.sin(emb).astype(np.float32)
   freqs = positions.astype(jnp.float32)[..., None] * inverse_frequencies(head_dim, base)
   emb = jnp.concatenate([freqs, freqs], axis=-1)
   return jnp.cos(emb), jnp.sin(emb)

@@ -7,7 +7,7 @@ import pytest
 
 from flax import nnx
 
-from abspos_jax import attention as attention_lib, masks, model as model_lib
+from abspos_jax import attention as attention_lib, layers, masks, model as model_lib
 from abspos_jax.hooks import Hooks
 from conftest import small_config
 
@@ -166,6 +166,25 @@ def test_hand_written_attention_gradient_equals_autodiff(heads, kv_heads, window
                                 _autodiff_attention(q, k, v, positions, window))
   for hand, auto in zip(*grads):
     np.testing.assert_allclose(hand, auto, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_hand_written_swiglu_gradient_equals_autodiff(dtype):
+  """layers.swiglu's backward == autodiff of its forward: to float32 rounding in float32; in bfloat16
+  within bf16 rounding of the float32 gradients (its residuals and [dg, du] are rounded to bf16)."""
+  kx, kw, kd, kg = jax.random.split(jax.random.key(3), 4)
+  x = jax.random.normal(kx, (2, T, 16))
+  w, wd = jax.random.normal(kw, (16, 2 * 24)) / 4, jax.random.normal(kd, (24, 16)) / 5
+  g = jax.random.normal(kg, (2, T, 16))
+  autodiff = lambda x, w, wd: layers._swiglu_fwd(x, w, wd, jnp.float32)[0]  # its forward, through autodiff
+  want = jax.grad(lambda *a: jnp.sum(autodiff(*a) * g), argnums=(0, 1, 2))(x, w, wd)
+  got = jax.grad(lambda *a: jnp.sum(layers.swiglu(*a, dtype=dtype) * g), argnums=(0, 1, 2))(x, w, wd)
+  for a, b in zip(got, want):
+    assert a.dtype == jnp.float32
+    if dtype == "float32":
+      np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+    else:
+      assert 1e-4 < float(jnp.linalg.norm(a - b)) <= 1e-2 * float(jnp.linalg.norm(b))
 
 
 @pytest.mark.parametrize("position", ["rope", "swa"])
