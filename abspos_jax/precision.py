@@ -14,7 +14,13 @@ make this the fast form, not just the accurate one:
 
 :func:`einsum` therefore carries its own backward, which casts the float32
 cotangent to the input dtype before the two transposed products; in float32
-it is plain ``jnp.einsum``.
+it is plain ``jnp.einsum``. The attention and the SwiGLU MLP, whose backward
+passes are written by hand (:func:`abspos_jax.attention.softmax_attention`,
+:func:`abspos_jax.layers.swiglu`), follow the same rule and also keep what
+their backward reads (q, k, v, the attention weights; the MLP's ``[g, u]``)
+in the input dtype: computed in float32, stored rounded. The forward values
+the analysis reads (logits, weights, ``log Z``, the residual stream) are
+float32 either way.
 """
 
 import functools
