@@ -1,6 +1,9 @@
 """Shared fixtures: small configs and an isolated data cache per test session."""
 
+import atexit
 import os
+import shutil
+import tempfile
 
 # Set while CI's analysis hangs were unexplained. Their cause (two LU solves at once deadlocking XLA CPU's
 # intra-op pool, docs/analysis.md) is avoided in the code itself, and this flag did not prevent it; kept as
@@ -9,7 +12,18 @@ import os
 XLA_SAFE = "--xla_cpu_multi_thread_eigen=false"
 os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {XLA_SAFE}".strip()
 
+# One persistent compilation cache for the whole run, this process, the xdist workers (which inherit the
+# environment) and every train.py / analyze.py subprocess: most end-to-end tests compile the same small
+# programs again in fresh processes. A run's own cache, removed at exit; a user's JAX_COMPILATION_CACHE_DIR
+# is used as is. An unreadable entry (a process killed while writing it) is recompiled, not an error.
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+  os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="abspos-jax-cache-")
+  atexit.register(shutil.rmtree, os.environ["JAX_COMPILATION_CACHE_DIR"], ignore_errors=True)
+
+import jax  # noqa: E402
 import pytest  # noqa: E402
+
+jax.config.update("jax_compilation_cache_dir", os.environ["JAX_COMPILATION_CACHE_DIR"])
 
 from abspos_jax.config import base_config  # noqa: E402
 
