@@ -327,6 +327,12 @@ def test_decide(states, analyse, expected):
   assert sweep_lib.decide(states, steps=4, analyse=analyse) == expected
 
 
+@pytest.fixture(autouse=True)
+def _sweep_cache_default(monkeypatch):
+  """Without the test run's shared compilation cache (conftest): the sweep's own default is under test."""
+  monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR", raising=False)
+
+
 class FakeRunner:
   """Stands in for the subprocesses: training writes the final checkpoint, analysis a summary."""
 
@@ -473,8 +479,7 @@ def two_seed_sweep(path, **train):
 
 
 @pytest.mark.slow
-def test_local_sweep_trains_analyses_compares_then_skips(tmp_path, monkeypatch):
-  monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR", raising=False)
+def test_local_sweep_trains_analyses_compares_then_skips(tmp_path):
   sweep_file = two_seed_sweep(tmp_path / "two.py")
   root = tmp_path / "root"
   cmd = [sys.executable, "-m", "abspos_jax.sweep", f"--sweep={sweep_file}", f"--root={root}", "--launch=local"]
