@@ -27,7 +27,7 @@ def inverse_frequencies(head_dim: int, base: float) -> np.ndarray:
   return (1.0 / base ** (np.arange(0, head_dim, 2) / head_dim)).astype(np.float32)
 
 
-def rope_angles(positions: jax.Array, head_dim: int, base: float) -> tuple[jax.Array, jax.Array]:
+def rope_angles(positions: jax.Array | np.ndarray, head_dim: int, base: float) -> tuple[jax.Array, jax.Array]:
   """Cosines and sines for ``positions [..., T]``: each ``[..., T, d_h]``.
 
   The two halves of the last axis repeat the same ``d_h/2`` angles
@@ -37,7 +37,8 @@ def rope_angles(positions: jax.Array, head_dim: int, base: float) -> tuple[jax.A
   give NumPy tables, which enter the compiled step as constants: traced
   tables were recomputed by XLA inside every fusion that reads them, a
   ``cos`` and a ``sin`` per element of q and k in every layer, forward and
-  backward (on CPU 63 of them, ~5% of a bf16 train step, ``docs/benchmarks.md``).
+  backward (63 of them in the compiled medium step on CPU; as constants the
+  step ran 3-20% faster, ``docs/benchmarks.md``).
   Either way the angle is the float32 product ``p * theta_k``; NumPy rounds
   its cosine and sine correctly.
   """
