@@ -24,6 +24,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from abspos_jax import masks, precision
@@ -98,19 +99,39 @@ def softmax_attention(q: jax.Array, k: jax.Array, v: jax.Array, positions: jax.A
   ``dtype`` anyway, and in bfloat16 half the bytes of the ``[B, H, T, T]``
   weights make the step 2-6% faster on CPU (``docs/benchmarks.md``); ``ds``
   then carries ``a``'s bfloat16 rounding, as the products already do.
+
+  Block-causal: when ``positions`` is NumPy ``0 .. T-1`` (the model's, known
+  at trace time) and ``T`` splits evenly, the queries are cut into
+  :data:`QUERY_BLOCKS` blocks and block ``b`` is scored only against the
+  keys up to its last query, so the key blocks every query of a block
+  masks are never computed (a quarter of the ``[T, T]`` work at two
+  blocks). Each block is the function above on its own keys; ``dk, dv``
+  sum over the blocks.
   """
   f32 = lambda x: x.astype(jnp.float32)  # the backward returns float32 cotangents
-  return _softmax_attention(f32(q), f32(k), f32(v), positions, window, jnp.dtype(dtype))
+  q, k, v, dtype = f32(q), f32(k), f32(v), jnp.dtype(dtype)
+  t = q.shape[1]
+  causal_order = isinstance(positions, np.ndarray) and np.array_equal(positions, np.arange(t))
+  blocks = QUERY_BLOCKS if causal_order and t % QUERY_BLOCKS == 0 else 1
+  size = t // blocks
+  outs = [_softmax_attention(q[:, b * size:(b + 1) * size], k[:, :(b + 1) * size], v[:, :(b + 1) * size],
+                             positions[b * size:(b + 1) * size], positions[:(b + 1) * size], window, dtype)
+          for b in range(blocks)]
+  return outs[0] if blocks == 1 else jnp.concatenate(outs, axis=1)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
-def _softmax_attention(q, k, v, positions, window, dtype):
-  return _softmax_attention_fwd(q, k, v, positions, window, dtype)[0]
+# Two query blocks: 1.07-1.16x the train step of one block on CPU, four blocks 0.95-1.07x (docs/benchmarks.md).
+QUERY_BLOCKS = 2
 
 
-def _softmax_attention_fwd(q, k, v, positions, window, dtype=jnp.float32):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6))
+def _softmax_attention(q, k, v, query_pos, key_pos, window, dtype):
+  return _softmax_attention_fwd(q, k, v, query_pos, key_pos, window, dtype)[0]
+
+
+def _softmax_attention_fwd(q, k, v, query_pos, key_pos, window, dtype=jnp.float32):
   q, k, v = q.astype(dtype), k.astype(dtype), v.astype(dtype)
-  _, a, _ = masked_softmax(attention_logits(q, k, dtype), masks.visible(positions, positions, window))
+  _, a, _ = masked_softmax(attention_logits(q, k, dtype), masks.visible(query_pos, key_pos, window))
   a = a.astype(dtype)
   out = attend(a, v, dtype)
   return out, (q, k, v, a, out.astype(dtype))
@@ -130,7 +151,7 @@ def _softmax_attention_bwd(window, dtype, residuals, d_out):
   ds = a.astype(jnp.float32) * (dp - delta[..., None]) * (d ** -0.5)
   dq = mm("bkgts,bskd->btkgd", ds, k).reshape(b, t, h, d)
   dk = mm("bkgts,btkgd->bskd", ds, _grouped(q, kv))
-  return dq, dk, dv, None  # no gradient for positions
+  return dq, dk, dv, None, None  # no gradient for positions
 
 
 _softmax_attention.defvjp(_softmax_attention_fwd, _softmax_attention_bwd)

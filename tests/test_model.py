@@ -146,24 +146,32 @@ def test_gqa_equals_multi_head_with_repeated_kv_heads():
 
 
 def _autodiff_attention(q, k, v, positions, window):
-  """softmax_attention's own forward, differentiated by autodiff instead of its hand-written backward."""
-  return attention_lib._softmax_attention_fwd(q, k, v, positions, window)[0]
+  """softmax_attention's own forward over all keys, differentiated by autodiff instead of its hand-written
+  backward."""
+  positions = jnp.asarray(positions)
+  return attention_lib._softmax_attention_fwd(q, k, v, positions, positions, window)[0]
 
 
+@pytest.mark.parametrize("block_causal", [False, True])
 @pytest.mark.parametrize("heads,kv_heads,window", [(4, 4, None), (4, 2, None), (4, 1, 5), (2, 2, 1)])
-def test_hand_written_attention_gradient_equals_autodiff(heads, kv_heads, window):
-  """softmax_attention's backward (ds = a (dp - delta)) == autodiff through the mask and logsumexp."""
+def test_hand_written_attention_gradient_equals_autodiff(heads, kv_heads, window, block_causal):
+  """softmax_attention's backward (ds = a (dp - delta)) == autodiff through the mask and logsumexp over all
+  keys; with NumPy positions 0..T-1 it runs block-causal (QUERY_BLOCKS query blocks, each on its key prefix)."""
   kq, kk, kv, kw = jax.random.split(jax.random.key(heads * 10 + kv_heads), 4)
   q = jax.random.normal(kq, (2, T, heads, 8))
   k, v = jax.random.normal(kk, (2, T, kv_heads, 8)), jax.random.normal(kv, (2, T, kv_heads, 8))
   w = jax.random.normal(kw, (2, T, heads, 8))
-  positions = jnp.arange(T)
+  positions = np.arange(T) if block_causal else jnp.arange(T)
+  assert attention_lib.QUERY_BLOCKS > 1 and T % attention_lib.QUERY_BLOCKS == 0  # the blocked path runs
   grads = [
       jax.grad(lambda q, k, v, f=f: jnp.sum(f(q, k, v, positions, window) * w), argnums=(0, 1, 2))(q, k, v)
       for f in (attention_lib.softmax_attention, _autodiff_attention)
   ]
-  np.testing.assert_array_equal(attention_lib.softmax_attention(q, k, v, positions, window),
-                                _autodiff_attention(q, k, v, positions, window))
+  hand, auto = (f(q, k, v, positions, window) for f in (attention_lib.softmax_attention, _autodiff_attention))
+  if block_causal:  # the blocks' softmax sums skip the masked zeros: equal up to float32 rounding
+    np.testing.assert_allclose(hand, auto, rtol=1e-6, atol=1e-6)
+  else:
+    np.testing.assert_array_equal(hand, auto)
   for hand, auto in zip(*grads):
     np.testing.assert_allclose(hand, auto, rtol=1e-5, atol=1e-5)
 
