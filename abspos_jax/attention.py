@@ -77,6 +77,10 @@ def masked_softmax(logits: jax.Array, mask: jax.Array) -> tuple[jax.Array, jax.A
   return s, jnp.exp(s - log_z[..., None]), log_z
 
 
+# Two query blocks: 1.07-1.16x the train step of one block on CPU, four blocks 0.95-1.07x (docs/benchmarks.md).
+QUERY_BLOCKS = 2
+
+
 def softmax_attention(q: jax.Array, k: jax.Array, v: jax.Array, positions: jax.Array, window: int | None,
                       dtype=jnp.float32) -> jax.Array:
   """``out [B, T, H, d_h] = sum_j a_ij v_j``, ``a = softmax_{j in V(i)}(q_i . k_j / sqrt(d_h))``.
@@ -118,10 +122,6 @@ def softmax_attention(q: jax.Array, k: jax.Array, v: jax.Array, positions: jax.A
                              positions[b * size:(b + 1) * size], positions[:(b + 1) * size], window, dtype)
           for b in range(blocks)]
   return outs[0] if blocks == 1 else jnp.concatenate(outs, axis=1)
-
-
-# Two query blocks: 1.07-1.16x the train step of one block on CPU, four blocks 0.95-1.07x (docs/benchmarks.md).
-QUERY_BLOCKS = 2
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6))
