@@ -185,7 +185,8 @@ def _validate_model(m: ml_collections.ConfigDict, d: ml_collections.ConfigDict) 
 
 def _validate_data(d: ml_collections.ConfigDict) -> None:
   if not d.name:
-    _fail("data.name", "must name a dataset (stdlib_text, text_files, synthetic, backcopy or a TFDS dataset)", d.name)
+    _fail("data.name", "must name a dataset (stdlib_text, stdlib_prose, text_files, synthetic, backcopy or a TFDS "
+          "dataset)", d.name)
   if d.name == "text_files" and not d.files.strip():
     _fail("data.files", "must list paths or globs (comma-separated) when data.name='text_files'", d.files)
   if d.name in ("synthetic", "backcopy"):

@@ -40,8 +40,8 @@ FIELDS = (
     F("model.attention_impl", "xla", "training path: xla (explicit softmax, hand-written backward) | fused "
       "(jax.nn.dot_product_attention)", choices=ATTENTION_IMPLS, key=True),
     # data
-    F("data.name", "stdlib_text", "stdlib_text | text_files | synthetic | backcopy | any prepared TFDS dataset",
-      key=True),
+    F("data.name", "stdlib_text",
+      "stdlib_text | stdlib_prose | text_files | synthetic | backcopy | any prepared TFDS dataset", key=True),
     F("data.data_dir", "", '"": $ABSPOS_DATA_DIR or ~/.cache/abspos_jax/tfds', resumable=True),
     F("data.seq_len", 128, "tokens per sequence, BOS included", at_least=2, key=True),
     F("data.bos", "prepend", "BOS at position 0 of every sequence, or none", choices=BOS_POLICIES, key=True),

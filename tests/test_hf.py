@@ -22,6 +22,7 @@ from safetensors.numpy import load_file, save_file
 from abspos_jax import checkpoint, data
 from abspos_jax import model as model_lib
 from abspos_jax.analysis import AnalysisOptions, analyze_hf, analyze_run
+from abspos_jax.analysis.api import TextChoice
 from abspos_jax.interop import hf
 from abspos_jax.train_loop import train
 from conftest import small_config, xla_flags
@@ -321,6 +322,35 @@ def test_analysis_of_imported_gqa_model(tmp_path):
   assert first_doc.startswith(tok.decode(r.stats["tokens_none"][0].tolist())) and len(first_doc) > 32
 
 
+def test_analysis_reads_the_users_texts(runs, tmp_path):
+  """--data for runs and for --hf: the user's files (tokenised with each model's own tokenizer), the stdlib's
+  prose; recorded in meta; an empty corpus, or files without text_files, refused before any work."""
+  corpus = tmp_path / "corpus"
+  corpus.mkdir()
+  text = "The quick brown fox jumps over the lazy dog. " * 40
+  (corpus / "a.txt").write_text(text)
+  files = TextChoice(name="text_files", files=str(corpus / "*.txt"))
+  r = analyze_run(runs["rope"], out=str(tmp_path / "run"), num_sequences=4, split="train", texts=files, options=FAST)
+  meta = json.loads((tmp_path / "run" / "summary.json").read_text())["meta"]
+  assert meta["texts"] == {"name": "text_files", "split": "train", "files": str(corpus / "*.txt")}
+  assert bytes(r.stats["tokens_none"][0].astype(np.uint8)).decode() in text  # bytes of the user's text
+  hf_model("llama", tmp_path / "hf", tokenizer=True)
+  r = analyze_hf(str(tmp_path / "hf"), out=str(tmp_path / "hfout"), num_sequences=4, seq_len=16, split="train",
+                 texts=TextChoice(name="stdlib_prose"), options=FAST)
+  assert json.loads((tmp_path / "hfout" / "summary.json").read_text())["meta"]["texts"]["name"] == "stdlib_prose"
+  from pydoc_data.topics import topics
+  assert bytes(r.stats["tokens_none"][0].astype(np.uint8)).decode() in "".join(topics[k] for k in sorted(topics))
+  (corpus / "empty").mkdir()
+  (corpus / "empty" / "e.txt").write_text("")
+  for choice, match in ((TextChoice(name="text_files", files=str(corpus / "empty" / "*.txt")), "matched files are empty"),
+                        (TextChoice(name="text_files", files=""), "needs --data_files"),
+                        (TextChoice(files=str(corpus / "*.txt")), "with --data=text_files only")):
+    with pytest.raises(ValueError, match=match):
+      analyze_hf(str(tmp_path / "hf"), out=str(tmp_path / "bad"), num_sequences=4, seq_len=16, split="train",
+                 texts=choice, options=FAST)
+    assert not (tmp_path / "bad").exists()
+
+
 @pytest.mark.slow
 def test_interventions_on_imported_model(tmp_path):
   hf_model("mistral", tmp_path / "hf", tokenizer=True, sliding_window=6)
@@ -404,6 +434,60 @@ def test_unsupported_config_fields_are_named(llama_dir, fields, match):
   edit_config(llama_dir, **fields)
   with pytest.raises(hf.HFConversionError, match=match):
     hf.load_hf(str(llama_dir), seq_len=24)
+
+
+# config.json as published on the Hub (typed in, nothing downloaded).
+SMOLLM2_135M = {
+    "architectures": ["LlamaForCausalLM"], "attention_bias": False, "attention_dropout": 0.0, "bos_token_id": 0,
+    "eos_token_id": 0, "hidden_act": "silu", "hidden_size": 576, "initializer_range": 0.041666666666666664,
+    "intermediate_size": 1536, "is_llama_config": True, "max_position_embeddings": 8192, "model_type": "llama",
+    "num_attention_heads": 9, "num_hidden_layers": 30, "num_key_value_heads": 3, "pretraining_tp": 1,
+    "rms_norm_eps": 1e-05, "rope_interleaved": False, "rope_scaling": None, "rope_theta": 100000,
+    "tie_word_embeddings": True, "torch_dtype": "bfloat16", "transformers_version": "4.40.1", "use_cache": True,
+    "vocab_size": 49152}
+LLAMA_32_1B = {
+    "architectures": ["LlamaForCausalLM"], "attention_bias": False, "attention_dropout": 0.0, "bos_token_id": 128000,
+    "eos_token_id": 128001, "head_dim": 64, "hidden_act": "silu", "hidden_size": 2048, "initializer_range": 0.02,
+    "intermediate_size": 8192, "max_position_embeddings": 131072, "mlp_bias": False, "model_type": "llama",
+    "num_attention_heads": 32, "num_hidden_layers": 16, "num_key_value_heads": 8, "pretraining_tp": 1,
+    "rms_norm_eps": 1e-05, "rope_scaling": {"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                                            "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+    "rope_theta": 500000.0, "tie_word_embeddings": True, "torch_dtype": "bfloat16",
+    "transformers_version": "4.45.0.dev0", "use_cache": True, "vocab_size": 128256}
+QWEN25_05B = {
+    "architectures": ["Qwen2ForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 151643, "eos_token_id": 151643,
+    "hidden_act": "silu", "hidden_size": 896, "initializer_range": 0.02, "intermediate_size": 4864,
+    "max_position_embeddings": 32768, "max_window_layers": 24, "model_type": "qwen2", "num_attention_heads": 14,
+    "num_hidden_layers": 24, "num_key_value_heads": 2, "rms_norm_eps": 1e-06, "rope_theta": 1000000.0,
+    "sliding_window": 32768, "tie_word_embeddings": True, "torch_dtype": "bfloat16", "transformers_version": "4.40.1",
+    "use_cache": True, "use_sliding_window": False, "vocab_size": 151936, "use_mrope": False}
+MISTRAL_7B_V01 = {
+    "architectures": ["MistralForCausalLM"], "bos_token_id": 1, "eos_token_id": 2, "hidden_act": "silu",
+    "hidden_size": 4096, "initializer_range": 0.02, "intermediate_size": 14336, "max_position_embeddings": 32768,
+    "model_type": "mistral", "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 8,
+    "rms_norm_eps": 1e-05, "rope_theta": 10000.0, "sliding_window": 4096, "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16", "transformers_version": "4.34.0.dev0", "use_cache": True, "vocab_size": 32000}
+
+
+def test_published_hub_configs_load_or_are_refused_by_name():
+  """Metadata fields load as published; a field that changes the computation is refused by name, and
+  --hf_ignore_fields drops it on the user's word."""
+  m = hf.config_from_hf(SMOLLM2_135M, seq_len=128).model
+  assert (m.num_layers, m.d_model, m.num_heads, m.num_kv_heads, m.rope_base, m.tie_embeddings) == (30, 576, 9, 3,
+                                                                                                 1e5, True)
+  m = hf.config_from_hf(QWEN25_05B, seq_len=128).model
+  assert (m.position, m.qkv_bias, m.num_kv_heads, m.rope_base) == ("rope", True, 2, 1e6)  # no sliding: flag off
+  m = hf.config_from_hf(MISTRAL_7B_V01, seq_len=128).model
+  assert (m.position, m.window, m.tie_embeddings) == ("swa", 4096, False)
+  with pytest.raises(hf.HFConversionError, match=r"rope_scaling\.rope_type='llama3' is not supported"):
+    hf.config_from_hf(LLAMA_32_1B, seq_len=128)
+  assert hf.config_from_hf(LLAMA_32_1B, seq_len=128, ignore=["rope_scaling"]).model.rope_base == 5e5
+  with pytest.raises(hf.HFConversionError, match=r"--hf_ignore_fields names rope_scalng, which it does not have"):
+    hf.config_from_hf(LLAMA_32_1B, seq_len=128, ignore=["rope_scalng"])
+  for field, value in (("use_mrope", True), ("rope_interleaved", True), ("auto_map", {"AutoModel": "x.Y"}),
+                       ("quantization_config", {"quant_method": "gptq"})):
+    with pytest.raises(hf.HFConversionError, match=rf"{field}=.* is not supported"):
+      hf.config_from_hf({**SMOLLM2_135M, field: value}, seq_len=128)
 
 
 def test_rope_base_spellings():

@@ -288,7 +288,7 @@ def make_baseline_step(graphdef: nnx.GraphDef, design: FEDesign,
     core, cap, zres, qstats = update_core(model, acc, tokens, seq_ids, design, x0_groups, extra)
     out = {
         **core,
-        "probe_resid": probes.update(acc["probe_resid"], cap["resid"], seq_ids),
+        "probe_resid": probes.update(acc["probe_resid"], probes.rms_normalize(cap["resid"]), seq_ids),
         "probe_attn": probes.update(acc["probe_attn"], jnp.swapaxes(zres, 2, 3), seq_ids),
         "probe_attn_raw": probes.update(acc["probe_attn_raw"], attention_features(qstats), seq_ids),
         **_checks(model, acc, cap, tokens, seq_ids, closedness_sequences),

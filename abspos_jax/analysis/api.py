@@ -5,21 +5,89 @@ import dataclasses
 import os
 
 import jax
+import jax.numpy as jnp
 import ml_collections
+import numpy as np
+from flax import nnx
 
-from abspos_jax import checkpoint, data, storage
+from abspos_jax import checkpoint, data, storage, variants
 from abspos_jax.data import builders
 from abspos_jax.analysis import curves, outputs, schema
-from abspos_jax.analysis.run import AnalysisOptions, AnalysisResult, analyze
+from abspos_jax.analysis.run import POLICIES, AnalysisOptions, AnalysisResult, analyze
+from abspos_jax.train_step import make_loss_fn
+
+
+@dataclasses.dataclass(frozen=True)
+class TextChoice:
+  """Which texts an analysis reads: a dataset of the training side (``data.name``: ``stdlib_text``,
+  ``stdlib_prose``, ``text_files`` with ``files``, or a prepared TFDS dataset with ``text_key``); None
+  fields keep the run's own (for ``--hf``: ``stdlib_text``)."""
+
+  name: str | None = None
+  files: str | None = None
+  text_key: str | None = None
+
+  def data_config(self, data: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """``data`` with this choice applied, validated (an empty ``files`` is refused by name)."""
+    d = ml_collections.ConfigDict(data.to_dict())
+    if self.name:
+      d.name = self.name
+    if self.files is not None:
+      d.files = self.files
+    if self.text_key:
+      d.text_key = self.text_key
+    if self.files and d.name != "text_files":
+      raise ValueError(f"--data_files is read with --data=text_files only (got --data={d.name})")
+    if d.name == "text_files" and not d.files.strip():
+      raise ValueError("--data=text_files needs --data_files=PATH[,GLOB...]: the texts to analyse")
+    return d
+
+
+def _data_meta(d: ml_collections.ConfigDict, split: str) -> dict:
+  out = {"name": d.name, "split": split}
+  if d.name == "text_files":
+    out["files"] = d.files
+  elif d.name not in builders.BUILTIN_NAMES:
+    out["text_key"] = d.text_key
+  return out
+
+
+def _unmodified_loss(model, sequences: np.ndarray, batch_size: int) -> float:
+  """Mean next-token loss of ``model`` on ``sequences`` (the analysis' own loss, without its pass)."""
+  graphdef, params = nnx.split(model, nnx.Param)
+  loss = jax.jit(make_loss_fn(graphdef))
+  total = 0.0
+  for i in range(0, len(sequences), batch_size):
+    batch = sequences[i:i + batch_size]
+    total += float(loss(params, jnp.asarray(batch))) * len(batch)
+  return total / len(sequences)
+
+
+def _with_variant(model, config, variant: variants.Variant, sequences: dict, main: str,
+                  options: AnalysisOptions) -> tuple:
+  """``(model, config, variant meta)``: the variant's model of the same weights, and the unmodified model's
+  loss on the main policy's sequences (so that the damage the variant does is visible)."""
+  if not variant:
+    return model, config, None
+  vconfig = variants.apply(config, variant)
+  meta = {**variant.describe(), "loss_unmodified": _unmodified_loss(model, sequences[main], options.batch_size)}
+  return variants.rebuild(model, vconfig), vconfig, meta
 
 
 def analyze_run(workdir: str, *, step: int | None = None, out: str | None = None, num_sequences: int = 256,
-                split: str = "validation", seq_len: int | None = None,
+                split: str = "validation", seq_len: int | None = None, texts: TextChoice = TextChoice(),
+                variant: variants.Variant = variants.Variant(),
                 options: AnalysisOptions = AnalysisOptions()) -> AnalysisResult:
-  """Analyse the checkpoint ``step`` (default: latest) of ``workdir``; write to ``out`` (default ``workdir/analysis``)."""
+  """Analyse the checkpoint ``step`` (default: latest) of ``workdir``; write to ``out`` (default ``workdir/analysis``).
+
+  The sequences come from the run's own data, or from ``texts`` (tokenised
+  with the run's tokenizer); ``variant`` applies NTK scaling or a window to the
+  trained weights (:mod:`abspos_jax.variants`).
+  """
   if num_sequences < 2:
     raise ValueError(f"--num_sequences must be >= 2 (the held-out estimators need two halves), got {num_sequences}")
   config, model, step = checkpoint.load_model(workdir, step)
+  data_cfg = texts.data_config(config.data)
   out = out or storage.join(workdir, "analysis")
   outputs.check_writable(out)
   trained = config.data.seq_len
@@ -28,11 +96,14 @@ def analyze_run(workdir: str, *, step: int | None = None, out: str | None = None
     raise ValueError(f"--seq_len {seq_len} is longer than the {trained} tokens the model was trained on "
                      f"(data.seq_len of {workdir}/config.json)")
   sequences = {}
-  for policy in ("prepend", "none"):
-    seqs = data.eval_sequences(config.data, num_sequences=num_sequences, split=split, bos=policy)
+  for policy in POLICIES:
+    seqs = data.eval_sequences(data_cfg, num_sequences=num_sequences, split=split, bos=policy)
     sequences[policy] = seqs[:, :seq_len]  # the model's inputs
-  result = analyze(model, sequences, main=config.data.bos, options=options)
-  meta = {"workdir": storage.absolute(workdir), "step": int(step), "data": config.data.name, "split": split,
+  main = config.data.bos
+  model, config, variant_meta = _with_variant(model, config, variant, sequences, main, options)
+  result = analyze(model, sequences, main=main, options=options)
+  meta = {"workdir": storage.absolute(workdir), "step": int(step), "data": data_cfg.name,
+          "texts": _data_meta(data_cfg, split), "split": split, "variant": variant_meta,
           "options": dataclasses.asdict(options)}
   outputs.write(out, result.summary, result.stats, meta)
   return result
@@ -86,22 +157,38 @@ def analyze_all_steps(workdir: str, *, out: str | None = None, num_sequences: in
   return records
 
 
-def analyze_hf(hf_dir: str, *, out: str | None = None, num_sequences: int = 256, split: str = "validation",
-               seq_len: int | None = None, data_cfg: ml_collections.ConfigDict | None = None,
-               bos_replace_token: int | None = None,
-               options: AnalysisOptions = AnalysisOptions()) -> AnalysisResult:
-  """Analyse a local Llama / Mistral / Qwen2 checkpoint ``hf_dir``; write to ``out`` (default ``hf_dir/analysis``).
+def _token(tok, tid: int | None) -> str | None:
+  return None if tid is None else tok.id_to_token(tid)
 
-  The texts are the documents of ``data_cfg`` (default: the offline
-  ``stdlib_text`` data) tokenised with the checkpoint's own ``tokenizer.json``,
-  documents separated by its EOS. Its BOS convention (``interop.hf.bos_convention``)
-  picks the main policy: ``prepend`` (its BOS at position 0) when its tokenizer
-  adds one, else ``none``; the other policy is analysed too when a BOS id is
-  known. ``bos_replace_token`` (default: the token the tokenizer gives ``"\\n"``,
-  else ``options.bos_replace_token``) is the "another token" of ``bos_replace``.
-  ``seq_len`` defaults to 128 tokens, or ``max_position_embeddings`` when that
-  is shorter. Needs the ``.[hf]`` extra; refuses unsupported checkpoints naming
-  the field.
+
+def default_hf_out(path: str) -> str:
+  """Where ``analyze_hf`` writes by default: ``PATH/analysis`` for a directory, ``STEM-analysis`` beside a file."""
+  return f"{os.path.splitext(path)[0]}-analysis" if os.path.isfile(path) else os.path.join(path, "analysis")
+
+
+def analyze_hf(path: str, *, out: str | None = None, num_sequences: int = 256, split: str = "validation",
+               seq_len: int | None = None, texts: TextChoice = TextChoice(),
+               data_cfg: ml_collections.ConfigDict | None = None, bos: str | None = None,
+               eos: str | None = None, main_policy: str | None = None, ignore_fields: tuple[str, ...] = (),
+               variant: variants.Variant = variants.Variant(), bos_replace_token: int | None = None,
+               options: AnalysisOptions = AnalysisOptions()) -> AnalysisResult:
+  """Analyse a local Llama / Mistral / Qwen2 checkpoint: a Hugging Face directory or a GGUF file.
+
+  Writes to ``out`` (default: :func:`default_hf_out`).
+  The texts (``texts``, default the offline ``stdlib_text``; or a whole
+  ``data`` config section ``data_cfg``, e.g. a run's) are tokenised
+  with the checkpoint's own tokenizer, documents separated by its EOS (or
+  ``eos``). Position 0: the checkpoint's BOS convention
+  (``interop.hf.bos_convention``) picks the main policy, ``prepend`` when its
+  tokenizer adds a BOS, else ``none``; ``bos`` (a token or an id) replaces its
+  BOS token and ``main_policy`` the choice. The other policy is analysed too
+  when a BOS id is known. ``bos_replace_token`` (default: the token the
+  tokenizer gives ``"\\n"``, else ``options.bos_replace_token``) is the "another
+  token" of ``bos_replace``. ``seq_len`` defaults to 128 tokens, or
+  ``max_position_embeddings`` when shorter. ``ignore_fields``: the config
+  fields (or GGUF keys) to drop before mapping, recorded. ``variant``: NTK
+  scaling or a window applied to the weights (:mod:`abspos_jax.variants`).
+  Needs the ``.[hf]`` extra; refuses unsupported checkpoints naming the field.
   """
   from abspos_jax.interop import hf
 
@@ -109,25 +196,29 @@ def analyze_hf(hf_dir: str, *, out: str | None = None, num_sequences: int = 256,
     raise ValueError(f"--num_sequences must be >= 2 (the held-out estimators need two halves), got {num_sequences}")
   if split not in ("train", "validation"):
     raise ValueError(f"--split must be train or validation, got {split!r}")
-  hf_config = hf.read_config(hf_dir)
+  if main_policy not in (None, *POLICIES):
+    raise ValueError(f"--main_policy must be one of {', '.join(POLICIES)}, got {main_policy!r}")
+  ckpt = hf.Checkpoint(path)
   if seq_len is None:
-    seq_len = min(128, hf_config.get("max_position_embeddings") or 128)
+    seq_len = min(128, ckpt.hf_config.get("max_position_embeddings") or 128)
   if seq_len < 2:
     raise ValueError(f"--seq_len must be >= 2, got {seq_len}")
-  config = hf.config_from_hf(hf_config, seq_len=seq_len, where=os.path.join(hf_dir, hf.CONFIG))
-  tok = hf.load_tokenizer(hf_dir)  # before the weights: a missing tokenizer is refused cheaply
-  out = out or os.path.join(hf_dir, "analysis")
+  config = ckpt.config(seq_len, ignore_fields)
+  tok, conv = ckpt.tokenizer()  # before the weights: a missing tokenizer is refused cheaply
+  conv = hf.choose_special_tokens(tok, conv, bos=bos, eos=eos, main_policy=main_policy,
+                                  vocab_size=config.model.vocab_size)
+  data_cfg = texts.data_config(data_cfg or config.data)  # base defaults: stdlib_text
+  out = out or default_hf_out(path)
   outputs.check_writable(out)
-  model = hf.params_from_hf(hf.load_safetensors(hf_dir), config, where=hf_dir)
-  conv = hf.bos_convention(hf_dir, tok, hf_config)
-  if data_cfg is None:
-    data_cfg = config.data  # base defaults: stdlib_text
   prepared = builders.prepare_dataset(data_cfg)
   source = prepared.source(split)
-  texts = (bytes(source[i][prepared.text_key]).decode("utf-8", errors="replace") for i in range(len(source)))
-  stream = hf.token_stream(tok, texts, conv.eos_id)
+  documents = (bytes(source[i][prepared.text_key]).decode("utf-8", errors="replace") for i in range(len(source)))
+  stream = hf.token_stream(tok, documents, conv.eos_id)
+  if not len(stream):
+    raise ValueError(f"the {split} split of data {data_cfg.name!r} holds no text")
   sequences = hf.analysis_sequences(stream, num_sequences=num_sequences, seq_len=seq_len, conv=conv,
-                                    vocab_size=model.spec.vocab_size)
+                                    vocab_size=config.model.vocab_size)
+  model = ckpt.model(config)
   if bos_replace_token is None:
     newline = tok.encode("\n", add_special_tokens=False).ids
     bos_replace_token = newline[0] if len(newline) == 1 else options.bos_replace_token
@@ -135,12 +226,16 @@ def analyze_hf(hf_dir: str, *, out: str | None = None, num_sequences: int = 256,
     raise ValueError(f"bos_replace_token {bos_replace_token} is not a token id of this model "
                      f"(vocab_size {model.spec.vocab_size})")
   options = dataclasses.replace(options, bos_replace_token=int(bos_replace_token))
-  main = "prepend" if conv.adds else "none"
+  main = main_policy or ("prepend" if conv.adds else "none")
+  model, config, variant_meta = _with_variant(model, config, variant, sequences, main, options)
   result = analyze(model, sequences, main=main, options=options)
-  meta = {"workdir": os.path.abspath(hf_dir), "source": "hf", "model_type": hf_config.get("model_type"),
-          "position": config.model.position, "data": data_cfg.name, "split": split,
-          "tokenizer": {"bos_id": conv.bos_id, "adds_bos": conv.adds, "eos_id": conv.eos_id, "from": conv.source,
-                        "stream_tokens": int(len(stream))},
+  meta = {"workdir": os.path.abspath(path), "source": "hf", "model_type": ckpt.hf_config.get("model_type"),
+          "position": config.model.position, "checkpoint": ckpt.describe(), "hf_config": ckpt.hf_config,
+          "hf_ignore_fields": list(ignore_fields), "data": data_cfg.name, "texts": _data_meta(data_cfg, split),
+          "split": split, "variant": variant_meta,
+          "tokenizer": {"bos_id": conv.bos_id, "bos_token": _token(tok, conv.bos_id), "adds_bos": conv.adds,
+                        "eos_id": conv.eos_id, "eos_token": _token(tok, conv.eos_id), "from": conv.source,
+                        "main_policy": main, "stream_tokens": int(len(stream))},
           "options": dataclasses.asdict(options)}
   outputs.write(out, result.summary, result.stats, meta)
   return result

@@ -146,7 +146,7 @@ def figure(table: dict, path: str) -> None:
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
   keys = list(table)
-  fig, ax = plt.subplots(figsize=(max(5, 1.3 * len(keys)), 3.4))
+  fig, ax = plt.subplots(figsize=(min(26, max(5, 1.3 * len(keys))), 3.4))  # at most ~2,900 px wide
   x = np.arange(len(keys))
   for off, name in ((-0.2, "causal-mask share"), (0.2, "residual share")):
     means = np.array([np.nan if table[k][name]["mean"] is None else table[k][name]["mean"] for k in keys])

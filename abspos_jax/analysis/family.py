@@ -169,7 +169,8 @@ def _interventions_figure(table: dict, path: str) -> None:
   labels = [k for k in table if table[k]["interventions"]]
   if not labels:
     return
-  fig, axes = plt.subplots(2, 2, figsize=(max(8, 1.6 * len(labels) * 2), 7.0), sharey="row", squeeze=False)
+  # Capped at 26 inches (2,600 px): with many runs the bars narrow instead of the figure growing.
+  fig, axes = plt.subplots(2, 2, figsize=(min(26, max(8, 1.6 * len(labels) * 2)), 7.0), sharey="row", squeeze=False)
   width = 0.8 / len(schema.INTERVENTION_NAMES)
   x = np.arange(len(labels))
   for row, (what, unit) in enumerate((("", "fraction removed (dashed: the paper's ~0.4)"),

@@ -36,31 +36,49 @@ def ci_errors(values, ci) -> np.ndarray:
   return np.nan_to_num(np.maximum(err, 0.0), nan=0.0)
 
 
+MAX_COLS = 6  # panels per row of a per-layer grid: 32 layers stay within ~2,000 px of width
+
+
+def grid(n: int, max_cols: int = MAX_COLS) -> tuple[int, int]:
+  """``(rows, cols)`` of a grid of ``n`` panels, at most ``max_cols`` wide."""
+  cols = min(n, max_cols)
+  return -(-n // cols), cols
+
+
 def log_z_by_query(stats: dict, out_dir: str) -> str:
   log_z, log_v = stats["log_z"], stats["log_visible"]  # [L, H, T], [T] or [L, T]
   L, H, T = log_z.shape
-  fig, axes = plt.subplots(1, L, figsize=(3.2 * L, 3.0), sharey=True, squeeze=False)
+  rows, cols = grid(L)
+  fig, axes = plt.subplots(rows, cols, figsize=(3.0 * cols, 2.5 * rows + 0.6), sharey=True, squeeze=False)
   q = np.arange(T)
-  for l, ax in enumerate(axes[0]):
+  for l, ax in enumerate(axes.flat):
+    if l >= L:
+      ax.axis("off")
+      continue
     for h in range(H):
-      ax.plot(q, log_z[l, h], lw=0.8, alpha=0.6, label=f"head {h}" if l == 0 else None)
-    ax.plot(q, log_v if log_v.ndim == 1 else log_v[l], "k--", lw=1.5, label="log|V(i)| (flat logits)" if l == 0 else None)
-    ax.set_title(f"layer {l}")
-    ax.set_xlabel("query position i")
-  axes[0, 0].set_ylabel("mean log Z_i (nats)")
+      ax.plot(q, log_z[l, h], lw=0.8, alpha=0.6, label=f"head {h}" if l == 0 and H <= 8 else None)
+    ax.plot(q, log_v if log_v.ndim == 1 else log_v[l], "k--", lw=1.5,
+            label="log|V(i)| (flat logits)" if l == 0 else None)
+    ax.set_title(f"layer {l}", fontsize=9)
+    if l // cols == rows - 1 or l + cols >= L:
+      ax.set_xlabel("query position i")
+  for ax in axes[:, 0]:
+    ax.set_ylabel("mean log Z_i (nats)")
   axes[0, 0].legend(fontsize=7)
-  fig.suptitle("Softmax denominators against the mask-only baseline")
+  fig.suptitle(f"Softmax denominators against the mask-only baseline ({H} heads per panel)")
   return _save(fig, out_dir, "log_z.png")
 
 
 def sink_heatmap(stats: dict, summary: dict, out_dir: str) -> str:
   """Held-out sink scores (``stats["sink_score"]``, odd blocks); the heads chosen on the even blocks boxed."""
   score = stats["sink_score"]
-  fig, ax = plt.subplots(figsize=(2.2 + 0.7 * score.shape[1], 1.4 + 0.55 * score.shape[0]))
+  num_layers, num_heads = score.shape
+  cell = 0.55 if num_layers <= 16 else 0.4  # 32 layers x 16 heads: ~1,500 x 1,600 px
+  fig, ax = plt.subplots(figsize=(2.2 + 0.7 * num_heads, 1.4 + cell * num_layers))
   im = ax.imshow(np.ma.masked_invalid(score), vmin=0, vmax=1, cmap="viridis", aspect="auto")
   for (l, h), v in np.ndenumerate(score):
     ax.text(h, l, "n/a" if not np.isfinite(v) else f"{v:.2f}", ha="center", va="center",
-            color="w" if not np.isfinite(v) or v < 0.6 else "k", fontsize=8)
+            color="w" if not np.isfinite(v) or v < 0.6 else "k", fontsize=8 if num_layers <= 16 else 6)
   for l, h in summary.get("sink_heads", []):
     ax.add_patch(plt.Rectangle((h - 0.5, l - 0.5), 1, 1, fill=False, ec="r", lw=2))
   ax.set_xlabel("head")

@@ -33,6 +33,20 @@ from abspos_jax.analysis import schema
 from abspos_jax.analysis.fixed_effects import HIGHEST
 
 
+def rms_normalize(h: jax.Array, eps: float = 1e-12) -> jax.Array:
+  """``h / sqrt(mean(h^2) + eps)`` over the last axis: ``[..., D]`` -> ``[..., D]`` (float32).
+
+  What the residual probe reads: each state ``h_i^l`` as the next layer's
+  RMSNorm sees it (its gain is a per-feature scale that the probe's weights
+  absorb). Pretrained LMs carry massive activations, single positions whose
+  norm is 100x the others' (Sun et al. 2024); unnormalised, such rows dominate
+  the Gram sums, so the fit and its delete-one-block jackknife swing with the
+  block that holds them. Normalised, every row has norm ``sqrt(D)``.
+  """
+  h = h.astype(jnp.float32)
+  return h * jax.lax.rsqrt(jnp.mean(h * h, axis=-1, keepdims=True) + eps)
+
+
 def init(num_layers: int, dim: int, num_blocks: int) -> dict:
   """Zero accumulator for ``L`` feature sets of dimension ``p = dim``.
 

@@ -24,16 +24,6 @@ def with_interval(x, ci, digits: int = 3, fmt=_f) -> str:
   return f"{fmt(x, digits)} [{fmt(ci[0], digits)}, {fmt(ci[1], digits)}]"
 
 
-def _layers(values, digits: int = 2) -> str:
-  return ", ".join(_f(v, digits) for v in values)
-
-
-def _layers_ci(values, cis, digits: int = 2) -> str:
-  """Per-layer values with their intervals: ``0.12 [0.08, 0.16]; 0.30 [0.25, 0.35]``."""
-  cis = cis if cis is not None else [None] * len(values)
-  return "; ".join(with_interval(v, c, digits) for v, c in zip(values, cis))
-
-
 def _interventions(iv: dict) -> list[str]:
   lines = ["", "## Interventions", "",
            "Change of each pooled component of the query-position effect on log a (after - before covariance, "
@@ -71,80 +61,162 @@ def _interventions(iv: dict) -> list[str]:
   if "source" in iv.get("pos0_patch", {}):
     lines.append(f"pos0_patch source: {iv['pos0_patch']['source']}.")
   if "sink_ablate" in iv:
-    lines.append(f"sink_ablate heads: {iv['sink_ablate']['heads_rule']}: {iv['sink_ablate']['heads']}.")
+    lines.append(f"sink_ablate removes key 0 from {len(iv['sink_ablate']['heads'])} heads "
+                 f"({iv['sink_ablate']['heads_rule']}; the list: summary.json `interventions.sink_ablate.heads`).")
   return lines
 
 
-def _fingerprint_sinks_probes(s: dict, eps: float, min_query: int) -> list[str]:
-  """The report's fingerprint, sinks and probes paragraphs."""
-  fp, lines = s["fingerprint"], []
+def _cell(d: dict, key: str, i: int, digits: int = 2) -> str:
+  """Entry ``i`` of the per-layer list ``d[key]`` with its interval (``d[key + "_ci"]``); ``n/a`` if absent."""
+  values = d.get(key)
+  if values is None or i >= len(values):
+    return "n/a"
+  cis = d.get(key + "_ci")
+  return with_interval(values[i], cis[i] if cis is not None and i < len(cis) else None, digits)
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+  return (["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+          + ["| " + " | ".join(r) + " |" for r in rows])
+
+
+def _layer_tables(s: dict) -> list[str]:
+  """The per-layer quantities, one row per layer: denominators and sinks, then leakage and probes, then the
+  residual stream by depth (embedding output first)."""
+  d, c, lk, pr, p0, fp = (s["denominators"], s["components"], s["leakage"], s["probes"], s["position0"],
+                          s["fingerprint"])
+  num_layers = s["num_layers"]
+  heads = [sum(1 for l, _ in s["sink_heads"] if l == layer) for layer in range(num_layers)]
+  sinks = {"sink_score_max_layer": s.get("sink_score_max_layer"), "sink_score_max_layer_ci":
+           s.get("sink_score_max_layer_ci")}
+  lines = ["", "### Denominators and sinks", "",
+           "Slope of mean log Z_i on log|V(i)| (1: flat logits, the pure mask effect; near 0: a sink holds the "
+           "mass), mean excess E_i = log Z_i - log|V(i)| (nats), mean weight on key 0 (queries i >= 1), share of "
+           "heads that read the sink, how many heads were chosen as sink-reading (the list: summary.json "
+           "`sink_heads`), and the held-out score of the layer's best head.", ""]
+  lines += _table(["layer", "slope of log Z", "excess (nats)", "weight on key 0", "sink rate", "sink heads",
+                   "best sink score"],
+                  [[str(l), _cell(d, "log_z_slope_layer", l), _cell(d, "excess_mean_layer", l),
+                    _cell(d, "sink_mass_mean_layer", l), _f(s["sink_rate"][l], 2), f"{heads[l]}/{s['num_heads']}",
+                    _cell(sinks, "sink_score_max_layer", l)] for l in range(num_layers)])
+  lines += ["", "### Leakage and its components", "",
+            "Held-out absolute-position R^2 gain of log a, the causal-mask and residual-stream shares of its "
+            "query-position effect (all queries, and early queries 1 <= i < 16), and the attention-feature probe "
+            "(the residual part of log Z).", ""]
+  lines += _table(["layer", "leakage (log a)", "causal mask", "residual stream", "causal mask (early)",
+                   "residual stream (early)", "probe R^2 (log Z)"],
+                  [[str(l), _cell(lk, "log_weights_layer", l, 3), _cell(c, "causal_mask", l),
+                    _cell(c, "residual_stream", l), _cell(c, "causal_mask_early", l),
+                    _cell(c, "residual_stream_early", l), _cell(pr, "attention_r2", l)] for l in range(num_layers)])
+  lines += ["", "### The residual stream by depth", "",
+            "Position 0's norm over the mean norm of the other positions, its cosine to the previous depth, its "
+            "spread across inputs relative to its norm (with BOS: 0 expected; without, x_0 varies), and the "
+            "residual probe's held-out R^2 of log(1+i).", ""]
+  depth = ["embedding"] + [f"after layer {l}" for l in range(num_layers)]
+  cos_prev = [None] + list(p0.get("cos_prev", []))
+  lines += _table(["depth", "pos-0 norm ratio", "cos to previous", "fingerprint (BOS)", "fingerprint (no BOS)",
+                   "probe R^2 (residual)"],
+                  [[name, _f(p0["norm_ratio"][i], 2), _f(cos_prev[i], 3) if i < len(cos_prev) else "n/a",
+                    _f(fp["bos"][i]) if "bos" in fp else "n/a", _f(fp["no_bos"][i]) if "no_bos" in fp else "n/a",
+                    _cell(pr, "residual_r2", i)] for i, name in enumerate(depth)])
+  return lines
+
+
+def _headlines(s: dict, eps: float, min_query: int) -> list[str]:
+  """The pooled numbers, one sentence each."""
+  c, lk = s["components"], s["leakage"]
+  pooled, early = c["pooled"], c["pooled_early"]
+  heads = s["sink_heads"]
+  layers_with = sorted({l for l, _ in heads})
+  lines = [
+      f"- **Leakage.** Held-out absolute-position R^2 gain (offset + query effects over offset alone): "
+      f"{with_interval(lk['log_weights_overall'], lk.get('log_weights_overall_ci'))} for log-weights, "
+      f"{with_interval(lk['logits_overall'], lk.get('logits_overall_ci'))} for logits.",
+      f"- **Components.** Of the query-position effect on log a, the causal mask accounts for "
+      f"{with_interval(pooled['causal_mask'], pooled.get('causal_mask_ci'))} and the residual stream for "
+      f"{with_interval(pooled['residual_stream'], pooled.get('residual_stream_ci'))} pooled over layers "
+      f"(residual-stream component "
+      f"{with_interval(pooled.get('residual_stream_var'), pooled.get('residual_stream_var_ci'), fmt=_g)} nats^2); "
+      f"at early queries the residual-stream share is "
+      f"{with_interval(early['residual_stream'], early.get('residual_stream_ci'))}.",
+      f"- **Sinks.** {len(heads)} of {s['num_layers'] * s['num_heads']} heads read the sink (chosen on the even "
+      f"sequence blocks: mean a_i0 over the queries i >= {min_query} that see key 0 above {eps}; "
+      + (f"in layers {_ranges(layers_with)}" if layers_with else "none") + "); the best held-out score is "
+      f"{with_interval(s['sink_score_max'], s.get('sink_score_max_ci'))} (odd blocks).",
+      f"- **Position 0.** Its norm is up to {_f(max(_finite(s['position0']['norm_ratio'])), 3)} times that of "
+      f"other positions; closedness check: max |h_0 change| when later tokens change = "
+      f"{_f(s['closedness_max_abs_diff'])} (0 expected).",
+  ]
+  fp = s["fingerprint"]
   if "bos" in fp:
-    lines.append(f"- **Fingerprint.** With the auto-prepended BOS the spread of h_0 across inputs is at most "
-                 f"{_f(max(fp['bos']))} of its norm (0 expected)"
-                 + (f"; without BOS it is {_layers(fp['no_bos'])} ({fp['no_bos_num_groups']} distinct x_0)."
-                    if "no_bos" in fp else "."))
-  lines.append(f"- **Sinks.** Heads are chosen on half the sequences (even blocks: mean weight a_i0 on key 0 over "
-               f"the queries i >= {min_query} that see key 0 above epsilon {eps}) and their scores measured on the "
-               f"other half (odd blocks). The held-out score of the top-chosen head is "
-               f"{with_interval(s['sink_score_max'], s.get('sink_score_max_ci'))} (per layer: "
-               f"{_layers_ci(s.get('sink_score_max_layer', []), s.get('sink_score_max_layer_ci'))}); "
-               f"sink rate at epsilon {eps} per layer: {_layers(s['sink_rate'])}"
-               + (f"; sink-reading heads (layer, head): {s['sink_heads']}." if s["sink_heads"] else
-                  "; no head reads the sink."))
-  pr = s["probes"]
-  lines.append(f"- **Probes.** A ridge probe reads log(1+i) from the residual stream with held-out R^2 "
-               f"{_layers_ci(pr['residual_r2'], pr.get('residual_r2_ci'))} per layer (embedding first), and from "
-               f"the residual part of log Z (the mask's log|V(i)| removed) with "
-               f"{_layers_ci(pr['attention_r2'], pr.get('attention_r2_ci'))}."
-               + (f" The raw attention features (log Z, entropy, sink mass, max weight) give "
-                  f"{_layers_ci(pr['attention_raw_r2'], pr.get('attention_raw_r2_ci'))}, but these measure the "
-                  f"mask (log Z = log(1+i) under flat attention), not position information in the stream."
-                  if "attention_raw_r2" in pr else ""))
+    without = (f"; without BOS up to {_f(max(_finite(fp['no_bos'])))} ({fp['no_bos_num_groups']} distinct x_0)."
+               if "no_bos" in fp else ".")
+    lines.append(f"- **Fingerprint.** With BOS the spread of h_0 across inputs is at most "
+                 f"{_f(max(_finite(fp['bos'])))} of its norm (0 expected){without}")
   return lines
 
 
-def _denominators(d: dict) -> str:
-  per_layer = lambda key: _layers_ci(d[key], d.get(key + "_ci"))  # noqa: E731
-  return (f"- **Denominators.** The slope of mean log Z_i against log|V(i)| is {per_layer('log_z_slope_layer')} "
-          f"per layer (1 = flat logits, the pure causal-mask effect; near 0 when a sink holds the mass); the mean "
-          f"excess E_i = log Z_i - log|V(i)| is {per_layer('excess_mean_layer')} nats; the mean weight on key 0 "
-          f"(queries i >= 1 that see it) is {per_layer('sink_mass_mean_layer')}.")
+def _finite(values) -> list[float]:
+  return [v for v in values if v is not None and v == v] or [float("nan")]
+
+
+def _ranges(layers: list[int]) -> str:
+  """``[3, 4, 5, 9]`` -> ``"3-5, 9"``."""
+  out, start = [], None
+  for i, l in enumerate(layers):
+    if start is None:
+      start = l
+    if i + 1 == len(layers) or layers[i + 1] != l + 1:
+      out.append(str(start) if start == l else f"{start}-{l}")
+      start = None
+  return ", ".join(out)
+
+
+def _source_lines(meta: dict) -> list[str]:
+  """What was analysed, for imported checkpoints and variants."""
+  lines = []
+  ckpt = meta.get("checkpoint")
+  if ckpt:
+    types = ", ".join(f"{k} x{v}" for k, v in ckpt.get("tensor_types", {}).items())
+    kind = ckpt["format"] + (f", {ckpt['file_type']} ({types} tensors, dequantised to float32)"
+                             if ckpt.get("file_type") else "")
+    lines.append(f"- checkpoint: {kind}")
+  tok = meta.get("tokenizer")
+  if tok:
+    lines.append(f"- position 0: BOS {tok.get('bos_token')!r} (id {tok.get('bos_id')}), documents separated by "
+                 f"{tok.get('eos_token')!r} (id {tok.get('eos_id')}); main policy `{tok.get('main_policy')}` "
+                 f"({tok.get('from')})")
+  variant = meta.get("variant")
+  if variant:
+    what = variant.get("rope_scale") or f"window of {variant['window']} keys"
+    lines.append(f"- **variant** {what}: an {variant['kind']}; held-out loss of the unmodified model on the main "
+                 f"policy's sequences: {variant['loss_unmodified']:.3f} nats/token")
+  return lines
 
 
 def render(summary: dict, meta: dict, figures: list[str]) -> str:
-  s, c = summary, summary["components"]
+  s = summary
   L = s["num_layers"]
   opts = meta.get("options", {})
   eps, min_query = opts.get("sink_epsilon", 0.3), opts.get("sink_min_query", 4)
-  lk, pooled, early = s["leakage"], c["pooled"], c["pooled_early"]
   iv_info = s.get("intervals", {})
+  texts = meta.get("texts") or {}
   lines = [
       f"# Analysis of `{meta.get('workdir', 'model')}`", "",
       f"- checkpoint step: {meta.get('step', 'n/a')}; architecture: `{s['position']}`, {L} layers x "
       f"{s['num_heads']} heads",
-      f"- data: `{meta.get('data', 'n/a')}` ({meta.get('split', 'n/a')} split), {s['num_sequences']} sequences of "
+      f"- data: `{meta.get('data', 'n/a')}` ({meta.get('split', 'n/a')} split"
+      + (f", files {texts['files']}" if texts.get("files") else "") + f"), {s['num_sequences']} sequences of "
       f"{s['seq_len']} tokens per BOS policy; headline numbers use `bos={s['main_policy']}`",
+      *_source_lines(meta),
       "- held-out loss: " + ", ".join(f"{k}: {v:.3f} nats/token" for k, v in s["loss"].items()),
       f"- intervals `value [lo, hi]`: {iv_info.get('level', 0.95):.0%} {iv_info.get('method', 'jackknife')}; "
       f"{iv_info.get('nonempty_blocks', 'n/a')} of {iv_info.get('num_blocks', 'n/a')} blocks hold sequences", "",
       "## Results", "",
-      _denominators(s["denominators"]),
-      f"- **Leakage.** Held-out absolute-position R^2 gain (offset + query effects over offset alone) is "
-      f"{with_interval(lk['log_weights_overall'], lk.get('log_weights_overall_ci'))} for log-weights and "
-      f"{with_interval(lk['logits_overall'], lk.get('logits_overall_ci'))} for logits "
-      f"(per layer, log-weights: {_layers_ci(lk['log_weights_layer'], lk.get('log_weights_layer_ci'))}).",
-      f"- **Components.** Of the query-position effect on log a, the causal mask accounts for "
-      f"{with_interval(pooled['causal_mask'], pooled.get('causal_mask_ci'))} and the residual stream for "
-      f"{with_interval(pooled['residual_stream'], pooled.get('residual_stream_ci'))} pooled over layers (residual-stream "
-      f"component {with_interval(pooled.get('residual_stream_var'), pooled.get('residual_stream_var_ci'), fmt=_g)} nats^2; "
-      f"per layer: mask {_layers_ci(c['causal_mask'], c.get('causal_mask_ci'))}; residual "
-      f"{_layers_ci(c['residual_stream'], c.get('residual_stream_ci'))}); at early queries the residual-stream share "
-      f"is {with_interval(early['residual_stream'], early.get('residual_stream_ci'))}.",
-      f"- **Position 0.** Its residual norm is {_layers(s['position0']['norm_ratio'])} times that of other positions "
-      f"across depth (embedding output first); closedness check: max |h_0 change| when later tokens change = "
-      f"{_f(s['closedness_max_abs_diff'])} (0 expected).",
+      *_headlines(s, eps, min_query),
+      "", "## Per layer",
+      *_layer_tables(s),
   ]
-  lines += _fingerprint_sinks_probes(s, eps, min_query)
   iv = s.get("interventions")
   if iv:
     lines += _interventions(iv)

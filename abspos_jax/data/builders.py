@@ -1,10 +1,12 @@
 """TFDS builders for the project's text datasets, and where data sources come from.
 
-Three builders, each with a single ``text`` feature stored as ArrayRecord (so
+Five builders, each with a single ``text`` feature stored as ArrayRecord (so
 they are read with ``as_data_source`` and grain, no TensorFlow needed):
 
 - ``stdlib_text``: the offline default, the ``*.py`` sources of the running
   CPython's standard library plus the ``pydoc_data`` documentation topics.
+- ``stdlib_prose``: the ``pydoc_data`` topics alone (English prose, ~465 kB):
+  natural language that ships with every CPython, for analysing pretrained LMs.
 - ``text_files``: the user's own files (``data.files``).
 - ``synthetic``: the seeded language of ``abspos_jax.data.synthetic``.
 - ``backcopy``: the seeded Bigram-Backcopy language of ``abspos_jax.data.backcopy``.
@@ -33,7 +35,7 @@ import tensorflow_datasets as tfds
 
 from abspos_jax.data import backcopy, synthetic
 
-BUILTIN_NAMES = ("stdlib_text", "text_files", "synthetic", "backcopy")
+BUILTIN_NAMES = ("stdlib_text", "stdlib_prose", "text_files", "synthetic", "backcopy")
 STDLIB_VALIDATION_FRACTION = 0.05
 _EXCLUDED_DIRS = frozenset({"site-packages", "dist-packages", "__pycache__"})
 
@@ -139,18 +141,19 @@ def _stdlib_paths() -> list[str]:
   return sorted(paths)
 
 
-def stdlib_documents(split: str) -> Iterator[tuple[str, str]]:
+def stdlib_documents(split: str, code: bool = True) -> Iterator[tuple[str, str]]:
   """`(key, text)` of the stdlib_text examples of `split`, in stored order.
 
   Files come first (sorted relative paths, empty or non-UTF-8 ones skipped),
   then the `pydoc_data` topics (sorted, key `pydoc_data/topics/<topic>`). An
-  example is in `validation` iff `validation_hash(key) < 0.05`.
+  example is in `validation` iff `validation_hash(key) < 0.05`. `code=False`
+  gives the topics alone (stdlib_prose).
   """
   from pydoc_data.topics import topics  # pylint: disable=g-import-not-at-top
 
   want_validation = split == "validation"
   root = _stdlib_root()
-  for rel in _stdlib_paths():
+  for rel in _stdlib_paths() if code else []:
     if (validation_hash(rel) < STDLIB_VALIDATION_FRACTION) != want_validation:
       continue
     try:
@@ -183,13 +186,21 @@ def stdlib_config() -> tfds.core.BuilderConfig:
 class StdlibText(_TextBuilder):
   """The running CPython's standard library `*.py` sources and pydoc topics."""
 
+  CODE = True
+
   def _split_generators(self, dl_manager):
     del dl_manager
     return {split: self._generate_examples(split) for split in ("train", "validation")}
 
   def _generate_examples(self, split):
-    for key, text in stdlib_documents(split):
+    for key, text in stdlib_documents(split, code=self.CODE):
       yield key, {"text": text}
+
+
+class StdlibProse(StdlibText):
+  """The running CPython's pydoc topics: English prose (the validation split is a few topics)."""
+
+  CODE = False
 
 
 # --- text_files ------------------------------------------------------------
@@ -387,8 +398,8 @@ class PreparedDataset:
 
 
 def _builtin_builder(data_cfg: Any, data_dir: Path) -> tfds.core.DatasetBuilder:
-  if data_cfg.name == "stdlib_text":
-    cls, config = StdlibText, stdlib_config()
+  if data_cfg.name in ("stdlib_text", "stdlib_prose"):
+    cls, config = (StdlibText if data_cfg.name == "stdlib_text" else StdlibProse), stdlib_config()
   elif data_cfg.name == "text_files":
     cls, config = TextFiles, text_files_config(data_cfg.files, float(data_cfg.validation_fraction))
   else:

@@ -11,8 +11,10 @@ or tensor that we cannot reproduce exactly is refused with its name.
   (import). See ``docs/interop.md`` for the field-by-field table.
 - Weights, both ways: :func:`params_to_hf` and :func:`params_from_hf`; HF
   linear weights are ``[out, in]``, ours ``[in, ...]``.
-- Files: :func:`load_safetensors` (``model.safetensors`` or the shards listed
-  in ``model.safetensors.index.json``), :func:`export` (``config.json``,
+- Files: :class:`Checkpoint` (a directory or a GGUF file, read step by step:
+  config, tokenizer, weights; GGUF through :mod:`abspos_jax.interop.gguf`),
+  :func:`load_safetensors` (``model.safetensors`` or the shards listed in
+  ``model.safetensors.index.json``), :func:`export` (``config.json``,
   ``model.safetensors`` and a byte-level ``tokenizer.json``) and
   :func:`load_hf`.
 - Analysis texts: :func:`load_tokenizer`, :func:`bos_convention` and
@@ -31,12 +33,14 @@ and torch are only used by the tests, to check parity.
 from abspos_jax.interop.hf.common import (CONFIG, GENERATION_CONFIG, INDEX, TOKENIZER, TOKENIZER_CONFIG, WEIGHTS,
                                           HFConversionError)
 from abspos_jax.interop.hf.config_map import ARCHITECTURES, config_from_hf, config_to_hf, export_family
-from abspos_jax.interop.hf.files import export, load_hf, read_config
+from abspos_jax.interop.hf.files import Checkpoint, export, load_hf, read_config
 from abspos_jax.interop.hf.texts import (BosConvention, analysis_sequences, bos_convention, byte_tokenizer,
-                                         load_tokenizer, token_stream, write_byte_tokenizer)
+                                         choose_special_tokens, load_tokenizer, token_id, token_stream,
+                                         write_byte_tokenizer)
 from abspos_jax.interop.hf.weights import load_safetensors, params_from_hf, params_to_hf
 
 __all__ = ["ARCHITECTURES", "CONFIG", "GENERATION_CONFIG", "INDEX", "TOKENIZER", "TOKENIZER_CONFIG", "WEIGHTS",
-           "BosConvention", "HFConversionError", "analysis_sequences", "bos_convention", "byte_tokenizer",
-           "config_from_hf", "config_to_hf", "export", "export_family", "load_hf", "load_safetensors",
-           "load_tokenizer", "params_from_hf", "params_to_hf", "read_config", "token_stream", "write_byte_tokenizer"]
+           "BosConvention", "Checkpoint", "HFConversionError", "analysis_sequences", "bos_convention",
+           "byte_tokenizer", "choose_special_tokens", "config_from_hf", "config_to_hf", "export", "export_family",
+           "load_hf", "load_safetensors", "load_tokenizer", "params_from_hf", "params_to_hf", "read_config",
+           "token_id", "token_stream", "write_byte_tokenizer"]

@@ -1,6 +1,6 @@
 """Config, both ways: our config <-> a Llama / Mistral / Qwen2 ``config.json`` (field by field: docs/interop.md)."""
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 import ml_collections
 
@@ -27,11 +27,16 @@ _FAMILY_FIELDS = {
 # pretraining_tp only splits Llama's matmuls). Anything neither here nor mapped
 # is refused, since it might change the computation.
 _INERT_FIELDS = frozenset({
-    "_name_or_path", "architectures", "model_type", "transformers_version", "torch_dtype", "dtype",
-    "bos_token_id", "eos_token_id", "pad_token_id", "use_cache", "initializer_range", "attention_dropout",
-    "pretraining_tp", "output_attentions", "output_hidden_states", "return_dict",
+    "_name_or_path", "_model_name_or_path", "_commit_hash", "architectures", "model_type", "transformers_version",
+    "torch_dtype", "dtype", "use_cache", "initializer_range", "attention_dropout", "embd_pdrop", "resid_pdrop",
+    "pretraining_tp", "output_attentions", "output_hidden_states", "return_dict", "use_return_dict", "torchscript",
+    "tokenizer_class", "name_or_path", "max_length", "min_length",
     "is_llama_config",  # a marker some nanotron-converted Llama configs carry
 })
+# Every "*_token_id" (bos, eos, pad, unk, sep, ...) names a token; none changes the forward pass.
+_INERT_SUFFIX = "_token_id"
+# Fields that are inert at exactly these values and refused otherwise (by the family check or below).
+_INERT_VALUES = {"use_mrope": (False, None)}
 _ROPE_KEYS = frozenset({"rope_theta", "rope_type", "type", "partial_rotary_factor"})
 _DEFAULT_ROPE_THETA = 10000.0  # transformers' default_theta
 
@@ -203,20 +208,38 @@ def _refuse_unreproducible(hf: Mapping, d_model: int, num_heads: int, where: str
     refuse(where, "rope_interleaved", hf["rope_interleaved"], "only the half-split RoPE layout is implemented")
 
 
-def config_from_hf(hf: Mapping, *, seq_len: int, where: str = CONFIG) -> ml_collections.ConfigDict:
+def drop_fields(hf: Mapping, ignore: Iterable[str], where: str) -> dict:
+  """``hf`` without the fields of ``ignore``; a name the config does not have is refused (a typo would
+  otherwise silently ignore nothing)."""
+  ignore = set(ignore)
+  absent = sorted(ignore - set(hf))
+  if absent:
+    raise HFConversionError(f"{where}: --hf_ignore_fields names {', '.join(absent)}, which it does not have "
+                            f"(its fields: {', '.join(sorted(hf))})")
+  return {k: v for k, v in hf.items() if k not in ignore}
+
+
+def config_from_hf(hf: Mapping, *, seq_len: int, where: str = CONFIG,
+                   ignore: Iterable[str] = ()) -> ml_collections.ConfigDict:
   """Our config for a Llama / Mistral / Qwen2 ``config.json`` (a dict), validated.
 
   ``seq_len`` becomes ``data.seq_len`` (the analysis length). Raises
   :class:`HFConversionError` naming the first field that cannot be reproduced
   exactly, or any field we do not know (it might change the computation).
+  Fields that cannot change the computation (metadata, every ``*_token_id``,
+  ``torch_dtype``, ...) are accepted as they are published. ``ignore`` (the
+  ``--hf_ignore_fields`` escape hatch) drops the named top-level fields first,
+  as if the file did not have them: the user's decision, recorded by the caller.
   """
+  hf = drop_fields(hf, ignore, where)
   family = hf.get("model_type")
   if family not in ARCHITECTURES:
     refuse(where, "model_type", family, f"supported families: {', '.join(ARCHITECTURES)}")
   archs = hf.get("architectures")
   if archs is not None and archs != [ARCHITECTURES[family]]:
     refuse(where, "architectures", archs, f"only the causal LM {ARCHITECTURES[family]} is supported")
-  unknown = sorted(set(hf) - _COMMON_FIELDS - _FAMILY_FIELDS[family] - _INERT_FIELDS)
+  unknown = sorted(f for f in set(hf) - _COMMON_FIELDS - _FAMILY_FIELDS[family] - _INERT_FIELDS
+                   if not f.endswith(_INERT_SUFFIX) and not (f in _INERT_VALUES and hf[f] in _INERT_VALUES[f]))
   if unknown:
     refuse(where, unknown[0], hf[unknown[0]], f"abspos_jax does not know this {family} field "
            f"(unknown fields: {', '.join(unknown)}); refusing rather than guessing what it does")

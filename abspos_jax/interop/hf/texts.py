@@ -128,6 +128,44 @@ def bos_convention(hf_dir: str, tok, hf: Mapping) -> BosConvention:
   return BosConvention(bos_id=bos_id, adds=adds, eos_id=eos_id, source=source)
 
 
+def token_id(tok, value: str | int, vocab_size: int, flag: str) -> int:
+  """The id of ``value``: a token of ``tok`` (``"<|endoftext|>"``) or an id (``0``, ``"0"``), checked."""
+  if isinstance(value, int) or (isinstance(value, str) and value.isdigit()):
+    tid = int(value)
+    if not 0 <= tid < vocab_size:
+      raise ValueError(f"{flag}={value}: not a token id of this model (vocab_size {vocab_size})")
+    return tid
+  tid = tok.token_to_id(value)
+  if tid is None:
+    specials = sorted(t.content for t in tok.get_added_tokens_decoder().values())[:12]
+    raise ValueError(f"{flag}={value!r} is not a token of this tokenizer's vocabulary"
+                     + (f" (its added tokens include {', '.join(specials)})" if specials else ""))
+  if tid >= vocab_size:
+    raise ValueError(f"{flag}={value!r} has id {tid}, beyond the model's vocab_size {vocab_size}")
+  return tid
+
+
+def choose_special_tokens(tok, conv: BosConvention, *, bos: str | int | None = None, eos: str | int | None = None,
+                          main_policy: str | None = None, vocab_size: int) -> BosConvention:
+  """``conv`` with the user's choices: ``bos`` replaces its BOS token, ``eos`` its document separator, and
+  ``main_policy="prepend"`` (which needs a BOS) or ``"none"`` its own choice (``adds``).
+
+  A base model's BOS is the separator it was pretrained with (SmolLM2:
+  ``<|endoftext|>``, id 0); an instruct tokenizer's ``bos_token`` may be a
+  chat token (SmolLM2-Instruct's is ``<|im_start|>``), hence the choice.
+  """
+  bos_id = conv.bos_id if bos is None else token_id(tok, bos, vocab_size, "--bos")
+  eos_id = conv.eos_id if eos is None else token_id(tok, eos, vocab_size, "--eos")
+  adds, source = conv.adds, conv.source
+  if main_policy is not None:
+    if main_policy == "prepend" and bos_id is None:
+      raise ValueError("--main_policy=prepend needs a BOS token, and this tokenizer names none: pass --bos=TOKEN")
+    adds, source = main_policy == "prepend", "--main_policy"
+  if bos is not None or eos is not None:
+    source += " (" + ", ".join(f for f, v in (("--bos", bos), ("--eos", eos)) if v is not None) + " given)"
+  return BosConvention(bos_id=bos_id, adds=adds and bos_id is not None, eos_id=eos_id, source=source)
+
+
 def token_stream(tok, documents: Iterable[str], eos_id: int | None) -> np.ndarray:
   """``doc_0 EOS doc_1 EOS ...`` tokenised without special tokens (EOS omitted when ``eos_id`` is None)."""
   parts = []

@@ -85,6 +85,11 @@ def _tensors(spec: model_lib.ModelSpec) -> dict[str, tuple[tuple, Row]]:
   return _expand((r for r in TABLE if has[r.needs]), spec.num_layers)
 
 
+def hf_tensor_names(spec: model_lib.ModelSpec) -> list[str]:
+  """The HF names of every tensor the model of ``spec`` has."""
+  return list(_tensors(spec))
+
+
 def _flat_params(model: model_lib.Decoder) -> dict[tuple, np.ndarray]:
   _, params = nnx.split(model, nnx.Param)
   flat = {}
