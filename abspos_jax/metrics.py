@@ -16,9 +16,13 @@ from abspos_jax import storage
 
 
 class MetricsWriter:
-  def __init__(self, workdir: str, resume_step: int | None = None):
+  """``provenance``: an entry (``abspos_jax.provenance.entry``) that the first record this writer writes carries
+  under ``provenance`` (in metrics.jsonl only: TensorBoard takes scalars)."""
+
+  def __init__(self, workdir: str, resume_step: int | None = None, provenance: dict | None = None):
     self.enabled = jax.process_index() == 0
     self.path = storage.join(workdir, "metrics.jsonl")
+    self._provenance = provenance
     self._tb = None
     self._lines: list[str] = []  # an object store cannot append: the whole object is rewritten per record
     if not self.enabled:
@@ -36,6 +40,8 @@ class MetricsWriter:
     if not self.enabled:
       return
     record = {"step": int(step), **{k: float(v) for k, v in metrics.items()}}
+    if self._provenance is not None:
+      record["provenance"], self._provenance = self._provenance, None
     line = json.dumps(record) + "\n"
     if self._file is None:
       self._lines.append(line)

@@ -30,7 +30,7 @@ import ml_collections
 import numpy as np
 from flax import nnx
 
-from abspos_jax import checkpoint, data, distributed, flops, model as model_lib, sharding, storage
+from abspos_jax import checkpoint, data, distributed, flops, model as model_lib, provenance, sharding, storage
 from abspos_jax.analysis import emergence_hook
 from abspos_jax import config as config_lib
 from abspos_jax import seeds as seeds_lib
@@ -243,7 +243,9 @@ class Trainer:
       log.info("resumed from step %d of %s", self.start, ", ".join(run.workdir for run in runs))
     self.params, self.opt_state = params, opt_state
     for run in runs:
-      run.writer = MetricsWriter(run.workdir, resume_step=self.start if self.start else None)
+      entry = (provenance.record_training(run.workdir, self.start, run.label(self.k))
+               if jax.process_index() == 0 else None)
+      run.writer = MetricsWriter(run.workdir, resume_step=self.start if self.start else None, provenance=entry)
 
   def _build_steps(self) -> None:
     """The jitted train and eval steps, the held-out batch and the emergence hook."""

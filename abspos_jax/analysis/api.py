@@ -10,7 +10,7 @@ import ml_collections
 import numpy as np
 from flax import nnx
 
-from abspos_jax import checkpoint, data, storage, variants
+from abspos_jax import checkpoint, data, provenance, storage, variants
 from abspos_jax.data import builders
 from abspos_jax.analysis import curves, outputs, schema
 from abspos_jax.analysis.run import POLICIES, AnalysisOptions, AnalysisResult, analyze
@@ -104,14 +104,15 @@ def analyze_run(workdir: str, *, step: int | None = None, out: str | None = None
   result = analyze(model, sequences, main=main, options=options)
   meta = {"workdir": storage.absolute(workdir), "step": int(step), "data": data_cfg.name,
           "texts": _data_meta(data_cfg, split), "split": split, "variant": variant_meta,
-          "options": dataclasses.asdict(options)}
+          "options": dataclasses.asdict(options), "provenance": provenance.analysis(workdir)}
   outputs.write(out, result.summary, result.stats, meta)
   return result
 
 
 def _previous(path: str, workdir: str, step: int, num_sequences: int, split: str, seq_len: int,
               options: AnalysisOptions) -> dict | None:
-  """The ``summary.json`` at ``path`` if it is this step's analysis with these settings and estimators, else None."""
+  """The ``summary.json`` at ``path`` if it is this step's analysis with these settings, estimators and code,
+  else None."""
   if not storage.path(path).exists():
     return None
   s = storage.read_json(path)
@@ -119,8 +120,10 @@ def _previous(path: str, workdir: str, step: int, num_sequences: int, split: str
     return None
   m = s.get("meta", {})
   same_options = {**m.get("options", {}), "progress": None} == {**dataclasses.asdict(options), "progress": None}
+  same_code = provenance.codes(m)["analysed"] == {provenance.code_id(provenance.code())}
   return s if (m.get("workdir"), m.get("step"), m.get("split"), s.get("num_sequences"), s.get("seq_len"),
-               same_options) == (storage.absolute(workdir), step, split, num_sequences, seq_len, True) else None
+               same_options, same_code) == (storage.absolute(workdir), step, split, num_sequences, seq_len, True,
+                                            True) else None
 
 
 def analyze_all_steps(workdir: str, *, out: str | None = None, num_sequences: int = 256, split: str = "validation",
@@ -236,6 +239,6 @@ def analyze_hf(path: str, *, out: str | None = None, num_sequences: int = 256, s
           "tokenizer": {"bos_id": conv.bos_id, "bos_token": _token(tok, conv.bos_id), "adds_bos": conv.adds,
                         "eos_id": conv.eos_id, "eos_token": _token(tok, conv.eos_id), "from": conv.source,
                         "main_policy": main, "stream_tokens": int(len(stream))},
-          "options": dataclasses.asdict(options)}
+          "options": dataclasses.asdict(options), "provenance": provenance.analysis()}
   outputs.write(out, result.summary, result.stats, meta)
   return result

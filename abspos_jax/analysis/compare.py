@@ -5,15 +5,20 @@ reported as mean +- standard deviation (ddof 1) over the group's seeds, and a
 group of one run as its value with its summary.json interval (``KEY_ci``). Runs
 whose ``metrics.jsonl`` holds the training-time emergence metrics also get
 their curves against training tokens (``emergence.png``, and per group under
-``emergence`` in ``comparison.json``; see ``analysis/curves.py``).
+``emergence`` in ``comparison.json``; see ``analysis/curves.py``). Runs trained
+or analysed by different code versions are named in a warning (logged, first
+in comparison.md, and in the family figures' titles).
 """
 
+import logging
 
 import numpy as np
 
 from abspos_jax import config as config_lib
-from abspos_jax import storage
+from abspos_jax import provenance, storage
 from abspos_jax.analysis import curves, family, intervals, schema
+
+log = logging.getLogger("abspos_jax")
 
 # (name in the table, path into summary.json); a list value is averaged over layers.
 METRICS = (
@@ -94,7 +99,9 @@ def compare(run_dirs: list[str], out: str) -> dict:
                                                      "seed": config.get("train", {}).get("seed")})
   table = {}
   for key, runs in groups.items():
-    row = {"runs": [r["dir"] for r in runs], "seeds": [r["seed"] for r in runs]}
+    row = {"runs": [r["dir"] for r in runs], "seeds": [r["seed"] for r in runs],
+           "code": {r["dir"]: {k: sorted(v) for k, v in provenance.codes(r["summary"].get("meta", {})).items()}
+                    for r in runs}}
     for name, path in METRICS:
       vals = np.array([_get(r["summary"], path) for r in runs])
       row[name] = {"mean": float(np.nanmean(vals)) if np.isfinite(vals).any() else None,
@@ -109,9 +116,12 @@ def compare(run_dirs: list[str], out: str) -> dict:
   by_run = {d: c for row in table.values() for d, c in row["emergence"].items()}
   if by_run:
     curves.curves_figure(by_run, storage.join(out, "emergence.png"))
-  storage.write_text(storage.join(out, "comparison.md"), render(table))
+  mixed = provenance.mixed({r["dir"]: r["summary"].get("meta", {}) for runs in groups.values() for r in runs})
+  for warning in mixed:
+    log.warning("comparison %s: %s", out, warning)
+  storage.write_text(storage.join(out, "comparison.md"), render(table, mixed))
   figure(table, storage.join(out, "comparison.png"))
-  family.write({key: [r["summary"] for r in runs] for key, runs in groups.items()}, out)
+  family.write({key: [r["summary"] for r in runs] for key, runs in groups.items()}, out, mixed)
   return table
 
 
@@ -128,10 +138,14 @@ def _cell(v: dict) -> str:
   return _num(v["mean"]) + (f" ± {_num(v['std'])}" if v["std"] is not None else "")
 
 
-def render(table: dict) -> str:
+def render(table: dict, mixed: list[str] = ()) -> str:
+  """comparison.md; ``mixed``: the warnings of :func:`abspos_jax.provenance.mixed`, shown first."""
   names = [n for n, _ in METRICS]
-  lines = ["# Comparison", "", "Mean ± std over seeds (n = number of runs); for a single run, its value and 95% "
-           "jackknife interval [lo, hi] from summary.json.", "",
+  lines = ["# Comparison", ""]
+  for w in mixed:
+    lines += [f"**Warning: {w}.** Their numbers may differ because the code did, not the configuration.", ""]
+  lines += ["Mean ± std over seeds (n = number of runs); for a single run, its value and 95% "
+            "jackknife interval [lo, hi] from summary.json.", "",
            "| group | n | " + " | ".join(names) + " |", "|---" * (len(names) + 2) + "|"]
   for key, row in table.items():
     lines.append(f"| {key} | {len(row['runs'])} | " + " | ".join(_cell(row[n]) for n in names) + " |")

@@ -26,6 +26,7 @@ kept per group (never averaged across depths).
 """
 
 import warnings
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -101,18 +102,29 @@ def short_labels(labels: list[str]) -> dict[str, str]:
   return {label: label for label in labels}
 
 
-def write(groups: dict[str, list[dict]], out: str) -> dict:
-  """``family.json`` and the four figures in ``out``; returns the summary."""
+def write(groups: dict[str, list[dict]], out: str, mixed: Sequence[str] = ()) -> dict:
+  """``family.json`` and the four figures in ``out``; returns the summary. ``mixed``: warnings that the runs
+  were trained or analysed by different code (:func:`abspos_jax.provenance.mixed`), printed under every figure."""
   table = summarise(groups)
   storage.write_json(storage.join(out, "family.json"), table, indent=1, sort_keys=False)
   if table:
     short = short_labels(list(table))
     plotted = {short[k]: v for k, v in table.items()}
-    _layers_figure(plotted, storage.join(out, "family_layers.png"))
-    _layers_figure(plotted, storage.join(out, "family_denominators.png"), DENOMINATOR_PANELS)
-    _interventions_figure(plotted, storage.join(out, "family_interventions.png"))
-    _fingerprint_figure(plotted, storage.join(out, "family_fingerprint.png"))
+    _layers_figure(plotted, storage.join(out, "family_layers.png"), mixed=mixed)
+    _layers_figure(plotted, storage.join(out, "family_denominators.png"), DENOMINATOR_PANELS, mixed=mixed)
+    _interventions_figure(plotted, storage.join(out, "family_interventions.png"), mixed)
+    _fingerprint_figure(plotted, storage.join(out, "family_fingerprint.png"), mixed)
   return table
+
+
+def _save(fig, path: str, mixed: Sequence[str]) -> None:
+  """Lay out, note mixed code versions under the panels, save and close."""
+  if mixed:
+    fig.text(0.5, 0.0, "Warning: " + "; ".join(mixed)[:300] + " (comparison.md)", ha="center", va="bottom",
+             color="red", fontsize=7, wrap=True)
+  fig.tight_layout(rect=(0, 0.05 if mixed else 0, 1, 1))
+  storage.save_figure(fig, path, dpi=100)
+  _plt().close(fig)
 
 
 def _band(ax, x, stat: dict, label: str, **kw) -> None:
@@ -135,7 +147,7 @@ DENOMINATOR_PANELS = (("log_z_slope", "slope of log Z on log|V(i)|"), ("excess",
                       ("max_weight", "max attention weight"), ("sink_mass", "weight on key 0 (queries that see it)"))
 
 
-def _layers_figure(table: dict, path: str, panels: tuple = LAYER_PANELS) -> None:
+def _layers_figure(table: dict, path: str, panels: tuple = LAYER_PANELS, mixed: Sequence[str] = ()) -> None:
   """One panel per ``(key, title)`` that some group has (older summaries lack newer keys); none: no figure."""
   panels = [(key, title) for key, title in panels if any(key in entry["layers"] for entry in table.values())]
   if not panels:
@@ -156,15 +168,13 @@ def _layers_figure(table: dict, path: str, panels: tuple = LAYER_PANELS) -> None
     ax.axhline(0, color="k", lw=0.6)
   axes[0].legend(fontsize=6)
   fig.suptitle("Per layer, mean over seeds and its 95% t-interval", fontsize=10)
-  fig.tight_layout()
-  storage.save_figure(fig, path, dpi=100)
-  plt.close(fig)
+  _save(fig, path, mixed)
 
 
 FRACTION_RANGE = (-1.5, 2.5)  # the removed-fraction axis; bars and intervals beyond it are cut at the frame
 
 
-def _interventions_figure(table: dict, path: str) -> None:
+def _interventions_figure(table: dict, path: str, mixed: Sequence[str] = ()) -> None:
   plt = _plt()
   labels = [k for k in table if table[k]["interventions"]]
   if not labels:
@@ -207,12 +217,10 @@ def _interventions_figure(table: dict, path: str) -> None:
   fig.suptitle(f"Interventions, mean over seeds and its 95% t-interval (fractions shown within {FRACTION_RANGE}; "
                "changes on a symmetric log axis;\na removed fraction exists only where the component before "
                "is clearly non-zero; hatched: fewer than two seeds, no interval)", fontsize=9)
-  fig.tight_layout()
-  storage.save_figure(fig, path, dpi=100)
-  plt.close(fig)
+  _save(fig, path, mixed)
 
 
-def _fingerprint_figure(table: dict, path: str) -> None:
+def _fingerprint_figure(table: dict, path: str, mixed: Sequence[str] = ()) -> None:
   plt = _plt()
   fig, axes = plt.subplots(1, 2, figsize=(9, 3.4), sharey=True)
   for ax, key, title in ((axes[0], "fingerprint_bos", "BOS at position 0"),
@@ -224,6 +232,4 @@ def _fingerprint_figure(table: dict, path: str) -> None:
     ax.set_title(f"spread of h_0 across inputs / its norm: {title}", fontsize=9)
     ax.set_xlabel("depth (0 = embedding)")
   axes[0].legend(fontsize=6)
-  fig.tight_layout()
-  storage.save_figure(fig, path, dpi=100)
-  plt.close(fig)
+  _save(fig, path, mixed)

@@ -1,9 +1,11 @@
-"""``report.md``: what was analysed and each result in one sentence, figures inline.
+"""``report.md``: what was analysed and each result in one sentence, per-layer tables, figures inline.
 
 Every headline number is printed with its interval beside it, ``0.12 [0.08,
 0.16]`` (summary.json ``KEY_ci``: the 95% delete-one-block jackknife over
 sequence blocks; ``[n/a]`` where the summary has none or it is not finite).
 """
+
+from abspos_jax import provenance
 
 
 def _f(x, digits: int = 3) -> str:
@@ -211,7 +213,8 @@ def render(summary: dict, meta: dict, figures: list[str]) -> str:
       *_source_lines(meta),
       "- held-out loss: " + ", ".join(f"{k}: {v:.3f} nats/token" for k, v in s["loss"].items()),
       f"- intervals `value [lo, hi]`: {iv_info.get('level', 0.95):.0%} {iv_info.get('method', 'jackknife')}; "
-      f"{iv_info.get('nonempty_blocks', 'n/a')} of {iv_info.get('num_blocks', 'n/a')} blocks hold sequences", "",
+      f"{iv_info.get('nonempty_blocks', 'n/a')} of {iv_info.get('num_blocks', 'n/a')} blocks hold sequences",
+      f"- provenance: {provenance.describe(meta.get('provenance'))}", "",
       "## Results", "",
       *_headlines(s, eps, min_query),
       "", "## Per layer",
