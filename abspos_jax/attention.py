@@ -28,6 +28,7 @@ import numpy as np
 from flax import nnx
 
 from abspos_jax import masks, precision
+from abspos_jax import hooks as hooks_lib
 from abspos_jax.hooks import Hooks
 from abspos_jax.layers import param
 from abspos_jax.rope import apply_rope
@@ -199,7 +200,7 @@ class Attention(nnx.Module):
     self.impl = impl
     self.dtype = dtype
 
-  def __call__(self, x: jax.Array, positions: jax.Array, *, hooks: Hooks | None = None, name: str = "attn") -> jax.Array:
+  def __call__(self, x: jax.Array, positions: jax.Array, *, hooks: Hooks | None = None, layer: int = 0) -> jax.Array:
     """``x [B, T, D]``, ``positions [T]`` -> ``[B, T, D]`` (float32; ``dtype`` is the matmul input dtype)."""
     # One product for q, k and v: a wider matmul runs nearer the CPU's peak than three narrow ones.
     w = jnp.concatenate([self.wq[...], self.wk[...], self.wv[...]], axis=1)
@@ -221,10 +222,10 @@ class Attention(nnx.Module):
     else:
       mask = masks.visible(positions, positions, self.window)
       s, a, log_z = masked_softmax(attention_logits(q, k, self.dtype), mask)
-      edited = hooks(f"{name}.logits", s)
+      edited = hooks(hooks_lib.attn(layer, "logits"), s)
       if edited is not s:  # an intervention changed the logits: renormalise
         s, a, log_z = masked_softmax(edited, mask)
-      log_z = hooks(f"{name}.log_z", log_z)
-      a = hooks(f"{name}.weights", a)
+      log_z = hooks(hooks_lib.attn(layer, "log_z"), log_z)
+      a = hooks(hooks_lib.attn(layer, "weights"), a)
       out = attend(a, v, self.dtype)
     return precision.einsum("bthk,hkd->btd", out, self.wo[...], self.dtype)

@@ -5,7 +5,9 @@ A :class:`Hooks` object can *edit* a value (an intervention: a pure function of
 the value, traced into the same jitted forward) and/or *capture* it into
 ``hooks.cache``. With ``hooks=None`` the model runs its plain training path.
 
-Point names (``l`` counts blocks from 0, ``L`` blocks in all):
+Point names (``l`` counts blocks from 0, ``L`` blocks in all), built with the
+constructors of this module (:func:`resid`, :func:`attn`, :func:`mlp_out`;
+:func:`layer_of` reads the index back), never spelled by hand elsewhere:
 
 - ``embed.tokens`` ``[B, T, D]``: token embeddings, before learned positions.
 - ``resid.{l}`` ``[B, T, D]``: residual stream entering block ``l``;
@@ -19,15 +21,76 @@ Point names (``l`` counts blocks from 0, ``L`` blocks in all):
   sublayer adds to the residual stream.
 """
 
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 
 import jax
 
 Edit = Callable[[jax.Array], jax.Array]
 
+EMBED_TOKENS = "embed.tokens"
+ATTENTION = ("logits", "log_z", "weights", "out")  # the points of a block's attention
+_RESID, _BLOCK = "resid", "blocks"
+
+
+def resid(l: int) -> str:
+  """The residual stream entering block ``l`` (``resid(0)``: the embedding output; ``resid(L)``: the last
+  block's output)."""
+  return f"{_RESID}.{l}"
+
+
+def attn(l: int, what: str) -> str:
+  """A point of block ``l``'s attention: ``what`` is one of :data:`ATTENTION`."""
+  if what not in ATTENTION:
+    raise ValueError(f"attention hook point {what!r} does not exist; it is one of {', '.join(ATTENTION)}")
+  return f"{_BLOCK}.{l}.attn.{what}"
+
+
+def mlp_out(l: int) -> str:
+  """What block ``l``'s MLP adds to the residual stream."""
+  return f"{_BLOCK}.{l}.mlp.out"
+
+
+def layer_of(name: str) -> int | None:
+  """The index in a point's name: ``l`` of ``resid(l)``, ``attn(l, .)`` and ``mlp_out(l)``; None for
+  :data:`EMBED_TOKENS`."""
+  parts = name.split(".")
+  return int(parts[1]) if parts[0] in (_RESID, _BLOCK) and len(parts) > 1 and parts[1].isdigit() else None
+
+
+def is_attn(name: str, what: str) -> bool:
+  """Whether ``name`` is ``attn(l, what)`` for some ``l``."""
+  return name.startswith(f"{_BLOCK}.") and name.endswith(f".attn.{what}")
+
+
+def is_resid(name: str) -> bool:
+  return name.startswith(f"{_RESID}.")
+
+
+def points(num_layers: int) -> list[str]:
+  """Every point of a model with ``num_layers`` blocks, in the order a forward pass reaches them."""
+  out = [EMBED_TOKENS, resid(0)]
+  for l in range(num_layers):
+    out += [attn(l, "logits"), attn(l, "log_z"), attn(l, "weights"), attn(l, "out"), mlp_out(l), resid(l + 1)]
+  return out
+
+
+def check(names: Iterable[str], num_layers: int) -> None:
+  """Raise ``ValueError`` naming every point of ``names`` a ``num_layers``-block model does not have, with the
+  valid ones (a misspelt edit would otherwise silently do nothing)."""
+  unknown = sorted(set(names) - set(points(num_layers)))
+  if unknown:
+    L = num_layers
+    raise ValueError(f"unknown hook point(s) {', '.join(map(repr, unknown))}; a {L}-block model has "
+                     f"{EMBED_TOKENS}, {resid(0)} .. {resid(L)}, blocks.{{0..{L - 1}}}.attn.{{{','.join(ATTENTION)}}} "
+                     f"and blocks.{{0..{L - 1}}}.mlp.out (abspos_jax.hooks.resid, attn, mlp_out)")
+
 
 class Hooks:
-  """Edits and captures at named points during one (traced) forward pass."""
+  """Edits and captures at named points during one (traced) forward pass.
+
+  ``edits`` and a collection ``capture`` are checked against the model's points
+  when the forward starts (:meth:`check`): an unknown name raises.
+  """
 
   def __init__(
       self,
@@ -35,8 +98,12 @@ class Hooks:
       capture: Collection[str] | Callable[[str], bool] = (),
   ):
     self.edits = dict(edits or {})
+    self._names = set(self.edits) | (set() if callable(capture) else set(capture))
     self._capture = capture if callable(capture) else frozenset(capture).__contains__
     self.cache: dict[str, jax.Array] = {}
+
+  def check(self, num_layers: int) -> None:
+    check(self._names, num_layers)
 
   def __call__(self, name: str, value: jax.Array) -> jax.Array:
     if name in self.edits:

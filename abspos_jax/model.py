@@ -25,6 +25,7 @@ from flax import nnx
 
 from abspos_jax import precision
 from abspos_jax.attention import Attention
+from abspos_jax import hooks as hooks_lib
 from abspos_jax.hooks import Hooks
 from abspos_jax.layers import RMSNorm, SwiGLU, param
 from abspos_jax.rope import ntk_base
@@ -106,14 +107,14 @@ class Block(nnx.Module):
     self.mlp = SwiGLU(spec.d_model, spec.mlp_dim, std=spec.init_std, out_std=out_std, param_dtype=pdtype,
                       dtype=dtype, rngs=rngs)
 
-  def __call__(self, h: jax.Array, positions: jax.Array, *, hooks: Hooks | None, name: str) -> jax.Array:
-    a = self.attn(self.attn_norm(h), positions, hooks=hooks, name=f"{name}.attn")
+  def __call__(self, h: jax.Array, positions: jax.Array, *, hooks: Hooks | None, layer: int) -> jax.Array:
+    a = self.attn(self.attn_norm(h), positions, hooks=hooks, layer=layer)
     if hooks is not None:
-      a = hooks(f"{name}.attn.out", a)
+      a = hooks(hooks_lib.attn(layer, "out"), a)
     h = h + a
     m = self.mlp(self.mlp_norm(h))
     if hooks is not None:
-      m = hooks(f"{name}.mlp.out", m)
+      m = hooks(hooks_lib.mlp_out(layer), m)
     return h + m
 
 
@@ -135,13 +136,15 @@ class Decoder(nnx.Module):
     """Logits for ``tokens [B, T]`` at positions ``0 .. T-1``; see :mod:`abspos_jax.hooks` for points."""
     point = hooks if hooks is not None else (lambda _, v: v)
     spec = self.spec
+    if hooks is not None:
+      hooks.check(spec.num_layers)
     positions = np.arange(tokens.shape[1])  # static: RoPE tables become constants (rope.rope_angles)
-    h = point("embed.tokens", jnp.take(self.embed[...], tokens, axis=0).astype(jnp.float32))
+    h = point(hooks_lib.EMBED_TOKENS, jnp.take(self.embed[...], tokens, axis=0).astype(jnp.float32))
     if spec.position == "learned":
       h = h + self.pos_embed[...][: tokens.shape[1]].astype(jnp.float32)[None]
-    h = point("resid.0", h)
+    h = point(hooks_lib.resid(0), h)
     for l, block in enumerate(self.blocks):
-      h = point(f"resid.{l + 1}", block(h, positions, hooks=hooks, name=f"blocks.{l}"))
+      h = point(hooks_lib.resid(l + 1), block(h, positions, hooks=hooks, layer=l))
     h = self.final_norm(h)
     if spec.tie_embeddings:  # contract with [V, D] as stored: XLA CPU has no bf16 kernel for the transposed form
       return precision.einsum("btd,vd->btv", h, self.embed[...], spec.dtype)

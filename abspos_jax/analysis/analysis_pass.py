@@ -23,6 +23,7 @@ from flax import nnx
 
 from abspos_jax.analysis import denominators, layers, leakage, position0, probes
 from abspos_jax.analysis.fixed_effects import FEDesign
+from abspos_jax import hooks as hooks_lib
 from abspos_jax.hooks import Edit, Hooks
 from abspos_jax.model import Decoder
 from abspos_jax.train_step import lm_loss
@@ -49,8 +50,8 @@ class Statistic:
 
 def core_points(num_layers: int) -> list[str]:
   """The points every analysis forward captures: the residual streams and each layer's ``log Z``."""
-  return ([f"resid.{l}" for l in range(num_layers + 1)]
-          + [f"blocks.{l}.attn.log_z" for l in range(num_layers)])
+  return ([hooks_lib.resid(l) for l in range(num_layers + 1)]
+          + [hooks_lib.attn(l, "log_z") for l in range(num_layers)])
 
 
 # fold(state, layer, logits [B, H, T, T], log_z [B, H, T]) -> state
@@ -71,12 +72,12 @@ class _FoldingHooks(Hooks):
 
   def __call__(self, name: str, value: jax.Array) -> jax.Array:
     value = super().__call__(name, value)
-    if name.endswith(".attn.logits"):
+    if hooks_lib.is_attn(name, "logits"):
       self._logits = value
-    elif name.endswith(".attn.log_z"):
-      self.state = self.fold(self.state, int(name.split(".")[1]), self._logits, value)
+    elif hooks_lib.is_attn(name, "log_z"):
+      self.state = self.fold(self.state, hooks_lib.layer_of(name), self._logits, value)
       self._logits = None
-    elif name.startswith("resid.") and name != "resid.0":
+    elif hooks_lib.is_resid(name) and name != hooks_lib.resid(0):
       value, self.state = jax.lax.optimization_barrier((value, self.state))
     return value
 
@@ -97,8 +98,8 @@ def forward_folding(model: Decoder, tokens: jax.Array, fold: Fold | None = None,
   output = model(tokens, hooks=hooks)
   c = hooks.cache
   cap = {"output": output,
-         "log_z": jnp.stack([c[f"blocks.{l}.attn.log_z"] for l in range(n)], 1),
-         "resid": jnp.stack([c[f"resid.{l}"] for l in range(n + 1)], 1).astype(jnp.float32),
+         "log_z": jnp.stack([c[hooks_lib.attn(l, "log_z")] for l in range(n)], 1),
+         "resid": jnp.stack([c[hooks_lib.resid(l)] for l in range(n + 1)], 1).astype(jnp.float32),
          **{p: c[p] for p in extra_points}}
   return cap, (state if fold is None else hooks.state)
 

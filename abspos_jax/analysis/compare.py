@@ -31,7 +31,8 @@ METRICS = (
     ("BOS fingerprint (max)", (*schema.FINGERPRINT_BOS, "MAX")),
     ("no-BOS fingerprint (mean)", (*schema.FINGERPRINT_NO_BOS, "MEAN")),
     ("max sink score (held out)", schema.SINK_SCORE_MAX),
-    ("BOS-replace[mean] residual change (early, nats^2)", (*schema.BOS_REPLACE, "mean", "residual_stream_change_early")),
+    ("BOS-replace[mean] residual change (early, nats^2)",
+     (*schema.BOS_REPLACE, "mean", "residual_stream_change_early")),
     ("BOS-replace[mean] residual removed (early)", (*schema.BOS_REPLACE, "mean", "residual_stream_removed_early")),
 )
 
@@ -177,8 +178,8 @@ def figure(table: dict, path: str) -> None:
   ax.set_xticks(x)
   ax.set_xticklabels(keys, rotation=25, ha="right", fontsize=7)
   ax.set_ylabel("share of query-position leakage")
-  ax.set_title("Leakage components by configuration\n(error bars: 95% t-interval over seeds; one run: its 95% jackknife interval)",
-               fontsize=9)
+  ax.set_title("Leakage components by configuration\n(error bars: 95% t-interval over seeds; one run: its 95% "
+               "jackknife interval)", fontsize=9)
   ax.legend(fontsize=8)
   fig.tight_layout()
   storage.save_figure(fig, path, dpi=110)

@@ -124,7 +124,12 @@ def fingerprint(summary: dict, out_dir: str) -> str:
 
 def components(summary: dict, out_dir: str) -> str:
   c = summary["components"]
-  fig, axes = plt.subplots(1, 2, figsize=(10, 3.2), sharey=True)
+  num_layers = len(c["causal_mask"])
+  # Side by side up to 12 layers; deeper models stack the two panels, each ~0.35 inch per layer.
+  deep = num_layers > 12
+  fig, axes = plt.subplots(2 if deep else 1, 1 if deep else 2, sharey=True, squeeze=False,
+                           figsize=(max(10, 0.35 * num_layers), 6.4) if deep else (10, 3.2))
+  axes = axes.flat
   for ax, suffix, title in ((axes[0], "", "all queries"), (axes[1], "_early", "early queries (1 <= i < 16)")):
     mask, res = _values(c["causal_mask" + suffix]), _values(c["residual_stream" + suffix])
     x = np.arange(len(mask))
@@ -134,9 +139,10 @@ def components(summary: dict, out_dir: str) -> str:
            label="residual stream")
     ax.axhline(0, color="k", lw=0.8)
     ax.set_xticks(x)
+    ax.tick_params(axis="x", labelsize=7 if deep else 10)
     ax.set_xlabel("layer")
     ax.set_title(title)
-  axes[0].set_ylabel("share of query-position leakage of log a")
+    ax.set_ylabel("share of query-position\nleakage of log a")
   axes[0].legend(fontsize=8)
   fig.suptitle("Leakage components per layer (error bars: 95% jackknife intervals)", fontsize=10)
   return _save(fig, out_dir, "components.png")

@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from abspos_jax import hooks as hooks_lib
 from abspos_jax.hooks import Edit
 
 BOS_REPLACEMENTS = ("mean", "token", "zeros", "random")
@@ -47,12 +48,13 @@ def bos_replace(embed: jax.Array, kind: str, *, token: int = 10) -> dict[str, Ed
       new = new * (jnp.linalg.norm(e[:, 0], axis=-1, keepdims=True) / jnp.linalg.norm(vec))
     return e.at[:, 0].set(new)
 
-  return {"embed.tokens": edit}
+  return {hooks_lib.EMBED_TOKENS: edit}
 
 
 def pos0_patch(source: jax.Array) -> dict[str, Edit]:
   """Position 0's residual stream from ``source [L+1, B, D]`` (resid.0 .. resid.L of another input)."""
-  return {f"resid.{l}": (lambda h, l=l: h.at[:, 0].set(source[l].astype(h.dtype))) for l in range(source.shape[0])}
+  return {hooks_lib.resid(l): (lambda h, l=l: h.at[:, 0].set(source[l].astype(h.dtype)))
+          for l in range(source.shape[0])}
 
 
 def sink_ablate(heads: np.ndarray) -> dict[str, Edit]:
@@ -66,7 +68,7 @@ def sink_ablate(heads: np.ndarray) -> dict[str, Edit]:
         drop = sel & (jnp.arange(s.shape[-2])[:, None] >= 1) & (jnp.arange(s.shape[-1])[None, :] == 0)
         return jnp.where(drop, -jnp.inf, s)
 
-      edits[f"blocks.{l}.attn.logits"] = edit
+      edits[hooks_lib.attn(l, "logits")] = edit
   return edits
 
 
