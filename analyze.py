@@ -22,42 +22,21 @@ if "xla_cpu_multi_thread_eigen" not in os.environ.get("XLA_FLAGS", ""):
 
 from absl import app, flags, logging  # noqa: E402
 
+from abspos_jax.analysis import options as options_lib  # noqa: E402
+
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory written by train.py.")
 _STEP = flags.DEFINE_integer("step", None, "Checkpoint step (default: the latest).")
 _OUT = flags.DEFINE_string("out", None, "Output directory (default: WORKDIR/analysis, or ./comparison).")
-_NUM = flags.DEFINE_integer("num_sequences", 256, "Held-out sequences per BOS policy.")
-_SPLIT = flags.DEFINE_string("split", "validation", "Data split the sequences come from.")
-_SEQ_LEN = flags.DEFINE_integer("seq_len", None, "Tokens per sequence (default and maximum: the trained length).")
-_BATCH = flags.DEFINE_integer("batch_size", 32, "Largest number of sequences per jitted pass (smaller where a batch "
-                              "would exceed --memory_budget_gb).")
-_BUDGET = flags.DEFINE_float("memory_budget_gb", None, "GiB one analysis step may allocate (default: half the memory "
-                             "free at the start); the batch size is the largest that fits.")
-_CLOSEDNESS = flags.DEFINE_integer("closedness_sequences", 4, "Sequences per sweep (the first ones) the position-0 "
-                                   "closedness check reruns (docs/analysis.md).", lower_bound=1)
-_NO_INTERVENTIONS = flags.DEFINE_bool("skip_interventions", False, "Skip the intervention sweep.")
 _COMPARE = flags.DEFINE_bool("compare", False, "Compare the analysed runs given as arguments.")
 _ALL_STEPS = flags.DEFINE_bool("all_steps", False, "Analyse every kept checkpoint into OUT/step_<N>/ and plot the "
                                "components against the step (OUT default: WORKDIR/analysis_steps).")
 _HF = flags.DEFINE_string("hf", None, "A local checkpoint to analyse instead of a run: a Hugging Face directory "
                           "(Llama, Mistral or Qwen2 safetensors with tokenizer.json) or a GGUF file (or a directory "
                           "holding one); --seq_len defaults to 128 (or max_position_embeddings if shorter).")
-_DATA = flags.DEFINE_string("data", None, "Texts to analyse: stdlib_text (code and prose), stdlib_prose (English "
-                            "prose), text_files (with --data_files) or a prepared TFDS dataset (with --text_key). "
-                            "Default: the run's own data; for --hf, stdlib_text.")
-_DATA_FILES = flags.DEFINE_string("data_files", None, "--data=text_files: comma-separated paths or globs.")
-_TEXT_KEY = flags.DEFINE_string("text_key", None, "--data=a TFDS dataset: the feature holding the text.")
-_BOS = flags.DEFINE_string("bos", None, "--hf: the token (or id) put at position 0 under the prepend policy, "
-                           "instead of the tokenizer's BOS (a base model's is its pretraining separator, e.g. "
-                           "SmolLM2's <|endoftext|>).")
-_EOS = flags.DEFINE_string("eos", None, "--hf: the token (or id) between documents, instead of the tokenizer's EOS.")
-_MAIN_POLICY = flags.DEFINE_enum("main_policy", None, ["prepend", "none"], "--hf: the BOS policy of the headline "
-                                 "numbers and interventions (default: prepend when the tokenizer adds a BOS).")
-_IGNORE = flags.DEFINE_list("hf_ignore_fields", [], "--hf: config.json fields (or GGUF keys) to drop before "
-                            "mapping, when you know they do not matter here; recorded in summary.json.")
-_ROPE_SCALE = flags.DEFINE_string("rope_scale", None, "ntk:ALPHA: analyse the checkpoint with its RoPE base scaled "
-                                  "NTK-aware (an inference-time variant; the unmodified loss is reported too).")
-_WINDOW = flags.DEFINE_integer("window", None, "Analyse the checkpoint with a sliding window of W keys (query "
-                               "included) on every layer: an inference-time variant.")
+# The analysis options (what to analyse, texts, position 0, variants, batch): declared once, in options.py.
+OPTS = options_lib.define_flags()
+# Options --all_steps does not take: it analyses each checkpoint on the run's own texts, unmodified.
+_NOT_ALL_STEPS = ("data", "data_files", "text_key", "rope_scale", "window")
 
 
 def main(argv):
@@ -83,39 +62,39 @@ def main(argv):
     sys.exit("error: --workdir is required (or --hf=HF_DIR, or --compare DIR1 DIR2 ...)")
   if _ALL_STEPS.value and (_HF.value or _STEP.value is not None):
     sys.exit("error: --all_steps analyses every checkpoint of --workdir; it takes no --step or --hf")
-  hf_only = [f"--{f.name}" for f in (_BOS, _EOS, _MAIN_POLICY) if f.value is not None] + (
-      ["--hf_ignore_fields"] if _IGNORE.value else [])
+  if _ALL_STEPS.value and any(OPTS[name].value is not None for name in _NOT_ALL_STEPS):
+    sys.exit(f"error: --all_steps takes none of {', '.join('--' + n for n in _NOT_ALL_STEPS)}: it analyses every "
+             "checkpoint on the run's own texts, unmodified")
+  hf_only = [f"--{f.name}" for f in options_lib.FLAGS
+             if f.scope == "hf" and OPTS[f.name].value not in (None, [])]
   if hf_only and not _HF.value:
     sys.exit(f"error: {', '.join(hf_only)} apply to --hf checkpoints (a run's BOS is its data.bos)")
-  from abspos_jax.analysis import AnalysisOptions, analyze_all_steps, analyze_hf, analyze_run
+  from abspos_jax.analysis import analyze_all_steps, analyze_hf, analyze_run
   from abspos_jax.analysis.api import TextChoice, default_hf_out
   from abspos_jax.variants import Variant, parse_rope_scale
   from abspos_jax.analysis.report import with_interval
   try:
-    if _BATCH.value < 1:
-      raise ValueError(f"--batch_size must be >= 1, got {_BATCH.value}")
-    options = AnalysisOptions(batch_size=_BATCH.value, interventions=not _NO_INTERVENTIONS.value,
-                              closedness_sequences=_CLOSEDNESS.value, memory_budget_gb=_BUDGET.value)
+    o = {name: holder.value for name, holder in OPTS.items()}
+    options = options_lib.AnalysisOptions(batch_size=o["batch_size"], interventions=not o["skip_interventions"],
+                                          closedness_sequences=o["closedness_sequences"],
+                                          memory_budget_gb=o["memory_budget_gb"])
     options.validate()
+    common = dict(out=_OUT.value, num_sequences=o["num_sequences"], split=o["split"], seq_len=o["seq_len"],
+                  options=options)
     if _ALL_STEPS.value:
-      records = analyze_all_steps(_WORKDIR.value, out=_OUT.value, num_sequences=_NUM.value, split=_SPLIT.value,
-                                  seq_len=_SEQ_LEN.value, options=options)
+      records = analyze_all_steps(_WORKDIR.value, **common)
       if distributed.is_writer():
         out = _OUT.value or f"{_WORKDIR.value}/analysis_steps"
         print(f"wrote {out}: step_<N>/ for steps {[r['step'] for r in records]}, steps.json, steps.png"
               + ("" if _OUT.value else f"; the latest also to {_WORKDIR.value}/analysis"))
       return
-    texts = TextChoice(name=_DATA.value, files=_DATA_FILES.value, text_key=_TEXT_KEY.value)
-    variant = Variant(ntk_alpha=parse_rope_scale(_ROPE_SCALE.value), window=_WINDOW.value)
+    common.update(texts=TextChoice(name=o["data"], files=o["data_files"], text_key=o["text_key"]),
+                  variant=Variant(ntk_alpha=parse_rope_scale(o["rope_scale"]), window=o["window"]))
     if _HF.value:
-      result = analyze_hf(_HF.value, out=_OUT.value, num_sequences=_NUM.value, split=_SPLIT.value,
-                          seq_len=_SEQ_LEN.value, texts=texts, bos=_BOS.value, eos=_EOS.value,
-                          main_policy=_MAIN_POLICY.value, ignore_fields=tuple(_IGNORE.value), variant=variant,
-                          options=options)
+      result = analyze_hf(_HF.value, bos=o["bos"], eos=o["eos"], main_policy=o["main_policy"],
+                          ignore_fields=tuple(o["hf_ignore_fields"]), **common)
     else:
-      result = analyze_run(_WORKDIR.value, step=_STEP.value, out=_OUT.value, num_sequences=_NUM.value,
-                           split=_SPLIT.value, seq_len=_SEQ_LEN.value, texts=texts, variant=variant,
-                           options=options)
+      result = analyze_run(_WORKDIR.value, step=_STEP.value, **common)
   except (ValueError, FileNotFoundError, PermissionError) as e:
     sys.exit(f"error: {e}")
   out = _OUT.value or (default_hf_out(_HF.value) if _HF.value else f"{_WORKDIR.value}/analysis")

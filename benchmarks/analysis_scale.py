@@ -36,7 +36,8 @@ from flax import nnx
 
 from abspos_jax import model as model_lib
 from abspos_jax.analysis import analysis_pass, fixed_effects, memory
-from abspos_jax.analysis.run import AnalysisOptions, layer_visible
+from abspos_jax.analysis.options import AnalysisOptions
+from abspos_jax.analysis.run import layer_visible
 from benchmarks import common
 from benchmarks.scaling import best_ms
 from benchmarks.train_throughput import SIZES, size_config

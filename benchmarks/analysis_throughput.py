@@ -35,7 +35,8 @@ from flax import nnx
 
 from abspos_jax import model as model_lib
 from abspos_jax.analysis import analysis_pass, denominators, fixed_effects
-from abspos_jax.analysis.run import AnalysisOptions, layer_visible
+from abspos_jax.analysis.options import AnalysisOptions
+from abspos_jax.analysis.run import layer_visible
 from abspos_jax.interop import hf
 from benchmarks import common, hf_reference
 from benchmarks.train_throughput import SIZES, size_config

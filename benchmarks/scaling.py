@@ -25,7 +25,8 @@ from flax import nnx
 
 from abspos_jax import model as model_lib, optim
 from abspos_jax.analysis import analysis_pass, fixed_effects
-from abspos_jax.analysis.run import AnalysisOptions, layer_visible
+from abspos_jax.analysis.options import AnalysisOptions
+from abspos_jax.analysis.run import layer_visible
 from abspos_jax.attention import Attention
 from abspos_jax.train_step import make_loss_fn, make_train_step
 from benchmarks import common

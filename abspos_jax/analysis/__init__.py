@@ -9,9 +9,15 @@ for a Hugging Face checkpoint (``docs/interop.md``).
 Add a statistic at any hook point with :class:`Statistic`.
 """
 
-from abspos_jax.analysis.analysis_pass import Statistic
-from abspos_jax.analysis.api import analyze_all_steps, analyze_hf, analyze_run
-from abspos_jax.analysis.run import AnalysisOptions, AnalysisResult, analyze
+import importlib
 
-__all__ = ["AnalysisOptions", "AnalysisResult", "Statistic", "analyze", "analyze_all_steps", "analyze_hf",
-           "analyze_run"]
+# Imported on first use, so that importing one estimator module does not pull in TFDS and orbax (api).
+_EXPORTS = {"AnalysisOptions": "options", "AnalysisResult": "run", "Statistic": "analysis_pass", "analyze": "run",
+            "analyze_all_steps": "api", "analyze_hf": "api", "analyze_run": "api"}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+  if name in _EXPORTS:
+    return getattr(importlib.import_module(f"abspos_jax.analysis.{_EXPORTS[name]}"), name)
+  raise AttributeError(f"module 'abspos_jax.analysis' has no attribute {name!r}")

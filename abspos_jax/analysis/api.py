@@ -13,7 +13,9 @@ from flax import nnx
 from abspos_jax import checkpoint, data, provenance, storage, variants
 from abspos_jax.data import builders
 from abspos_jax.analysis import curves, outputs, schema
-from abspos_jax.analysis.run import POLICIES, AnalysisOptions, AnalysisResult, analyze
+from abspos_jax.analysis.options import NUM_SEQUENCES, AnalysisOptions
+from abspos_jax.analysis.run import AnalysisResult, analyze
+from abspos_jax.config import BOS_POLICIES
 from abspos_jax.train_step import make_loss_fn
 
 
@@ -74,7 +76,7 @@ def _with_variant(model, config, variant: variants.Variant, sequences: dict, mai
   return variants.rebuild(model, vconfig), vconfig, meta
 
 
-def analyze_run(workdir: str, *, step: int | None = None, out: str | None = None, num_sequences: int = 256,
+def analyze_run(workdir: str, *, step: int | None = None, out: str | None = None, num_sequences: int = NUM_SEQUENCES,
                 split: str = "validation", seq_len: int | None = None, texts: TextChoice = TextChoice(),
                 variant: variants.Variant = variants.Variant(),
                 options: AnalysisOptions = AnalysisOptions()) -> AnalysisResult:
@@ -96,7 +98,7 @@ def analyze_run(workdir: str, *, step: int | None = None, out: str | None = None
     raise ValueError(f"--seq_len {seq_len} is longer than the {trained} tokens the model was trained on "
                      f"(data.seq_len of {workdir}/config.json)")
   sequences = {}
-  for policy in POLICIES:
+  for policy in BOS_POLICIES:
     seqs = data.eval_sequences(data_cfg, num_sequences=num_sequences, split=split, bos=policy)
     sequences[policy] = seqs[:, :seq_len]  # the model's inputs
   main = config.data.bos
@@ -126,7 +128,7 @@ def _previous(path: str, workdir: str, step: int, num_sequences: int, split: str
                                             True) else None
 
 
-def analyze_all_steps(workdir: str, *, out: str | None = None, num_sequences: int = 256, split: str = "validation",
+def analyze_all_steps(workdir: str, *, out: str | None = None, num_sequences: int = NUM_SEQUENCES, split: str = "validation",
                       seq_len: int | None = None, options: AnalysisOptions = AnalysisOptions()) -> list[dict]:
   """Analyse every kept checkpoint of ``workdir``; returns one ``curves.step_record`` per step.
 
@@ -169,7 +171,7 @@ def default_hf_out(path: str) -> str:
   return f"{os.path.splitext(path)[0]}-analysis" if os.path.isfile(path) else os.path.join(path, "analysis")
 
 
-def analyze_hf(path: str, *, out: str | None = None, num_sequences: int = 256, split: str = "validation",
+def analyze_hf(path: str, *, out: str | None = None, num_sequences: int = NUM_SEQUENCES, split: str = "validation",
                seq_len: int | None = None, texts: TextChoice = TextChoice(),
                data_cfg: ml_collections.ConfigDict | None = None, bos: str | None = None,
                eos: str | None = None, main_policy: str | None = None, ignore_fields: tuple[str, ...] = (),
@@ -199,8 +201,8 @@ def analyze_hf(path: str, *, out: str | None = None, num_sequences: int = 256, s
     raise ValueError(f"--num_sequences must be >= 2 (the held-out estimators need two halves), got {num_sequences}")
   if split not in ("train", "validation"):
     raise ValueError(f"--split must be train or validation, got {split!r}")
-  if main_policy not in (None, *POLICIES):
-    raise ValueError(f"--main_policy must be one of {', '.join(POLICIES)}, got {main_policy!r}")
+  if main_policy not in (None, *BOS_POLICIES):
+    raise ValueError(f"--main_policy must be one of {', '.join(BOS_POLICIES)}, got {main_policy!r}")
   ckpt = hf.Checkpoint(path)
   if seq_len is None:
     seq_len = min(128, ckpt.hf_config.get("max_position_embeddings") or 128)

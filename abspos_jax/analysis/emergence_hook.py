@@ -46,7 +46,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from abspos_jax import data
 from abspos_jax.analysis import fixed_effects, schema
 from abspos_jax.analysis.analysis_pass import init_core, make_core_step
-from abspos_jax.analysis.run import AnalysisOptions, finalize_core, fingerprint_groups, layer_visible
+from abspos_jax.analysis.options import AnalysisOptions
+from abspos_jax.analysis.run import finalize_core, fingerprint_groups, layer_visible
 from abspos_jax.config import ConfigError
 from abspos_jax.model import ModelSpec
 

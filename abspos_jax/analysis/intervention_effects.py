@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -23,10 +23,9 @@ from flax import nnx
 from abspos_jax.analysis import denominators, fixed_effects, intervals, interventions, leakage, schema, sinks
 from abspos_jax.analysis.analysis_pass import forward, make_intervention_step, sweep
 from abspos_jax.analysis.fixed_effects import FEDesign
+from abspos_jax.analysis.options import AnalysisOptions
 from abspos_jax.model import Decoder
 
-if TYPE_CHECKING:
-  from abspos_jax.analysis.run import AnalysisOptions
 
 REMOVAL_RTOL = 1e-5  # a component below this fraction of Var(phi_loga) counts as zero
 _COMPONENT_KEYS = {"causal_mask": "cov_mask", "residual_stream": "cov_res"}

@@ -24,41 +24,15 @@ import numpy as np
 from flax import nnx
 
 from abspos_jax import masks
+from abspos_jax.config import BOS_POLICIES
 from abspos_jax.analysis import (denominators, fixed_effects, intervals, intervention_effects, leakage, memory,
                                  position0, probes, schema, sinks)
 from abspos_jax.analysis.analysis_pass import (Statistic, init_accumulators, init_position0_pass, make_baseline_step,
                                                make_position0_step, sweep)
 from abspos_jax.analysis.fixed_effects import FEDesign
+from abspos_jax.analysis.options import AnalysisOptions
 from abspos_jax.model import Decoder, ModelSpec
 
-POLICIES = ("prepend", "none")
-
-
-@dataclasses.dataclass(frozen=True)
-class AnalysisOptions:
-  batch_size: int = 32  # the largest batch; smaller where a batch would not fit memory_budget_gb
-  memory_budget_gb: float | None = None  # what a step may allocate; None: half the memory free at the start
-  early_max: int = 16  # early queries: 1 <= i < early_max
-  sink_epsilon: float = 0.3  # Gu et al. (2024)
-  sink_min_query: int = 4
-  probe_ridge: float = 1e-2
-  interventions: bool = True
-  bos_replace_token: int = 10  # the "another token" of bos_replace: newline
-  closedness_sequences: int = 4  # how many sequences per sweep (the first ones) the closedness check reruns
-  num_blocks: int = 16  # sequence blocks (seq_id % num_blocks) of the cross-fit halves and the jackknife
-  progress: bool = True
-
-  def validate(self) -> None:
-    """Raises ``ValueError`` naming the field for a value the estimators cannot use."""
-    if self.batch_size < 1:
-      raise ValueError(f"batch_size (AnalysisOptions.batch_size) must be >= 1, got {self.batch_size}")
-    if self.num_blocks < 2 or self.num_blocks % 2:
-      raise ValueError(f"num_blocks (AnalysisOptions.num_blocks) must be an even number >= 2 (half = block % 2), "
-                       f"got {self.num_blocks}")
-    if self.memory_budget_gb is not None and not self.memory_budget_gb > 0:
-      raise ValueError(f"memory_budget_gb (AnalysisOptions.memory_budget_gb) must be > 0, got {self.memory_budget_gb}")
-    if self.early_max < 2:
-      raise ValueError(f"early_max (AnalysisOptions.early_max) must be >= 2, got {self.early_max}")
 
 
 @dataclasses.dataclass
@@ -151,8 +125,8 @@ def _check_inputs(spec: ModelSpec, sequences: Mapping[str, np.ndarray], main: st
   if main not in sequences:
     raise ValueError(f"sequences must hold the main policy {main!r}; got {sorted(sequences)}")
   for name, toks in sequences.items():
-    if name not in POLICIES:
-      raise ValueError(f"sequences keys must be among {POLICIES}, got {name!r}")
+    if name not in BOS_POLICIES:
+      raise ValueError(f"sequences keys must be among {BOS_POLICIES}, got {name!r}")
     if toks.ndim != 2 or len(toks) < 2:
       raise ValueError(f"sequences[{name!r}] must be [N >= 2, T], got shape {toks.shape}")
   seq_len = sequences[main].shape[1]

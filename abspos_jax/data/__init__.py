@@ -11,7 +11,6 @@ from abspos_jax.data.builders import (
     resolve_data_dir,
 )
 from abspos_jax.data.pipeline import (
-    ALLOWED_BOS,
     eval_sequences,
     token_stream,
     train_iterator,

@@ -23,10 +23,10 @@ from typing import Any
 import grain
 import numpy as np
 
+from abspos_jax.config import BOS_POLICIES
 from abspos_jax.data import builders
 from abspos_jax.data.tokenizer import BOS_ID, EOS_ID
 
-ALLOWED_BOS = ("prepend", "none")
 SPLITS = ("train", "validation")
 _STREAM_VERSION = "bytes-v1"  # bump when the tokenization or stream layout changes
 _READ_CHUNK = 1024  # documents per batched read while tokenizing
@@ -38,8 +38,8 @@ def validate_data_config(data_cfg: Any) -> None:
   Raises:
     ValueError: naming the field and its allowed values.
   """
-  if data_cfg.bos not in ALLOWED_BOS:
-    raise ValueError(f"data.bos must be one of {', '.join(ALLOWED_BOS)}, got {data_cfg.bos!r}")
+  if data_cfg.bos not in BOS_POLICIES:
+    raise ValueError(f"data.bos must be one of {', '.join(BOS_POLICIES)}, got {data_cfg.bos!r}")
   if not isinstance(data_cfg.seq_len, int) or data_cfg.seq_len < 1:
     raise ValueError(f"data.seq_len must be a positive integer, got {data_cfg.seq_len!r}")
   if not isinstance(data_cfg.name, str) or not data_cfg.name:
@@ -104,8 +104,8 @@ class TokenWindows:
   """
 
   def __init__(self, stream: np.ndarray, seq_len: int, bos: str):
-    if bos not in ALLOWED_BOS:
-      raise ValueError(f"data.bos must be one of {', '.join(ALLOWED_BOS)}, got {bos!r}")
+    if bos not in BOS_POLICIES:
+      raise ValueError(f"data.bos must be one of {', '.join(BOS_POLICIES)}, got {bos!r}")
     self._stream = stream
     self._seq_len = seq_len
     self._prepend = bos == "prepend"
@@ -130,8 +130,8 @@ def windows(data_cfg: Any, split: str = "train", bos: str | None = None) -> Toke
   """The windows of `split` under `bos` (default `data.bos`)."""
   validate_data_config(data_cfg)
   bos = data_cfg.bos if bos is None else bos
-  if bos not in ALLOWED_BOS:  # before any build
-    raise ValueError(f"bos (overriding data.bos) must be one of {', '.join(ALLOWED_BOS)}, got {bos!r}")
+  if bos not in BOS_POLICIES:  # before any build
+    raise ValueError(f"bos (overriding data.bos) must be one of {', '.join(BOS_POLICIES)}, got {bos!r}")
   return TokenWindows(token_stream(data_cfg, split), data_cfg.seq_len, bos)
 
 

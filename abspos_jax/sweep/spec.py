@@ -13,6 +13,7 @@ import ml_collections
 
 from abspos_jax import config as config_lib
 from abspos_jax import storage
+from abspos_jax.analysis import options as analysis_options
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -32,8 +33,9 @@ SHORT_NAMES = {
     "model.position": "", "model.num_layers": "L", "train.seed": "s", "model.d_model": "d", "data.seq_len": "T",
     "train.learning_rate": "lr", "train.weight_decay": "wd", "model.window": "W", "model.num_heads": "H",
 }
-# analyze.py flags a sweep may set per run (workdir, step and out are the sweep's to choose).
-ANALYZE_FLAGS = ("num_sequences", "skip_interventions", "batch_size", "memory_budget_gb", "split", "seq_len")
+# analyze.py flags a sweep may set per run (workdir, step and out are the sweep's to choose): declared with the
+# flags themselves (abspos_jax/analysis/options.py).
+ANALYZE_FLAGS = analysis_options.sweep_keys()
 SLURM_FIELDS = ("partition", "time", "gpus_per_task", "cpus_per_task", "max_parallel", "setup", "extra")
 SWEEP_FIELDS = ("base", "overrides", "vary", "analyze", "seeds_together", "slurm")
 
@@ -48,10 +50,7 @@ def sweep_defaults() -> ml_collections.ConfigDict:
   c.base = "configs/base.py"
   c.overrides = ml_collections.ConfigDict()
   c.vary = ()
-  c.analyze = a = ml_collections.ConfigDict()
-  a.enabled = True
-  a.num_sequences = 256
-  a.skip_interventions = False
+  c.analyze = analysis_options.sweep_defaults()
   c.seeds_together = False
   c.slurm = s = ml_collections.ConfigDict()
   s.partition = ""  # "": the cluster's default
