@@ -11,18 +11,11 @@ Writes summary.json, stats.npz, PNG figures and report.md (see docs/analysis.md;
 --hf: docs/interop.md; --all_steps and the emergence curves of --compare: docs/emergence.md).
 """
 
-import os
 import sys
 
-# Set while the analysis hangs on 2 cores were unexplained (~10% of the tiny analysis step). Their cause,
-# two LU solves at once on XLA's intra-op pool, is now avoided in the code itself and this flag did not
-# prevent it (docs/analysis.md); kept as a precaution. Set before jax starts, unless the caller chose.
-if "xla_cpu_multi_thread_eigen" not in os.environ.get("XLA_FLAGS", ""):
-  os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_cpu_multi_thread_eigen=false".strip()
+from absl import app, flags, logging
 
-from absl import app, flags, logging  # noqa: E402
-
-from abspos_jax.analysis import options as options_lib  # noqa: E402
+from abspos_jax.analysis import options as options_lib
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory written by train.py.")
 _STEP = flags.DEFINE_integer("step", None, "Checkpoint step (default: the latest).")

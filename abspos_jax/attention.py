@@ -10,8 +10,8 @@ which computes the same function. Without hooks the explicit path runs through
 :func:`softmax_attention`, whose backward is written by hand (the standard
 attention gradient) rather than derived by autodiff through the mask and the
 ``logsumexp``: same forward, same gradient up to float rounding, fewer passes
-over the ``[B, H, T, T]`` weights (on CPU: a 2% faster train step and 8-9%
-less temporary memory, ``docs/benchmarks.md``).
+over the ``[B, H, T, T]`` weights and less temporary memory (measured in
+``docs/benchmarks.md``).
 
 Grouped-query attention (``num_kv_heads`` dividing ``num_heads``): query head
 ``n`` reads key/value head ``n // G`` with ``G = num_heads / num_kv_heads``
@@ -78,7 +78,8 @@ def masked_softmax(logits: jax.Array, mask: jax.Array) -> tuple[jax.Array, jax.A
   return s, jnp.exp(s - log_z[..., None]), log_z
 
 
-# Two query blocks: 1.07-1.16x the train step of one block on CPU, four blocks 0.95-1.07x (docs/benchmarks.md).
+# Two query blocks skip a quarter of the [T, T] work; more blocks add more small products than they save
+# (docs/benchmarks.md has the A/B of 1, 2 and 4 blocks).
 QUERY_BLOCKS = 2
 
 
@@ -101,9 +102,9 @@ def softmax_attention(q: jax.Array, k: jax.Array, v: jax.Array, positions: jax.A
   forward and backward, takes ``dtype`` inputs and accumulates in float32; the
   softmax, ``delta`` and ``ds`` are computed in float32. What the backward
   keeps (``q, k, v, a, out``) is stored in ``dtype``: the products read it in
-  ``dtype`` anyway, and in bfloat16 half the bytes of the ``[B, H, T, T]``
-  weights make the step 2-6% faster on CPU (``docs/benchmarks.md``); ``ds``
-  then carries ``a``'s bfloat16 rounding, as the products already do.
+  ``dtype`` anyway, and in bfloat16 the ``[B, H, T, T]`` weights take half
+  the bytes to write and read again; ``ds`` then carries ``a``'s bfloat16
+  rounding, as the products already do.
 
   Block-causal: when ``positions`` is NumPy ``0 .. T-1`` (the model's, known
   at trace time) and ``T`` splits evenly, the queries are cut into

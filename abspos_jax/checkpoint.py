@@ -14,7 +14,7 @@ step. ``workdir`` may be a local path or a ``gs://`` URI (:mod:`abspos_jax.stora
 import logging
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import ml_collections
@@ -114,11 +114,19 @@ def restore_latest(mgr: ocp.CheckpointManager, workdir: str, abstract_params, ab
   return 0, None, None, make_iter()
 
 
-def restore_group(runs: Sequence[Any], abstract_params, abstract_opt_state) -> tuple[int, list[tuple[Any, Any]] | None]:
-  """Restore every run of a group at one step; sets each ``run.data_iter``. Returns ``(step, [(params, opt_state)])``.
+class Restorable(NamedTuple):
+  """What :func:`restore_group` needs of one run: its checkpoint manager, its directory, and how to make a fresh
+  data iterator (the iterator restored from a checkpoint, or a new one)."""
+  mgr: ocp.CheckpointManager
+  workdir: str
+  make_iter: Callable[[], Any]
 
-  ``runs`` have ``mgr``, ``workdir``, ``make_iter`` and ``data_iter``. One run:
-  :func:`restore_latest`. Runs trained together must resume at the same step.
+
+def restore_group(runs: Sequence[Restorable], abstract_params, abstract_opt_state
+                  ) -> tuple[int, list[tuple[Any, Any]] | None, list[Any]]:
+  """Restore every run of a group at one step. Returns ``(step, [(params, opt_state)] or None, [data iterator])``.
+
+  One run: :func:`restore_latest`. Runs trained together must resume at the same step.
   When their newest restorable checkpoints differ (a kill during a group save
   can complete one run's checkpoint and not another's; a damaged checkpoint is
   moved aside in one run only), all resume from the newest step that every run
@@ -147,15 +155,15 @@ def restore_group(runs: Sequence[Any], abstract_params, abstract_opt_state) -> t
           f"and rerun, or give the group another --workdir")
     at_most = min(steps)
   step = steps[0]
-  for run, (_, _, _, data_iter) in zip(runs, results):
-    run.data_iter = data_iter
+  for run in runs:
     newer = [s for s in run.mgr.all_steps() if s > step]
     for s in newer:
       move_aside(run.workdir, s, "unshared_checkpoints",
                  f"is newer than step {step}, the newest step every run trained together can resume from")
     if newer:
       run.mgr.reload()
-  return step, (None if step == 0 else [(params, opt_state) for _, params, opt_state, _ in results])
+  states = None if step == 0 else [(params, opt_state) for _, params, opt_state, _ in results]
+  return step, states, [data_iter for _, _, _, data_iter in results]
 
 
 def restore_params(mgr: ocp.CheckpointManager, step: int, abstract_params):

@@ -46,8 +46,8 @@ def swiglu(x: jax.Array, w_gate_up: jax.Array, w_down: jax.Array, dtype=jnp.floa
   (autodiff wrote it in float32, concatenated and cast it in separate
   passes). It keeps ``x``, ``h`` and ``act`` in ``dtype`` (for bfloat16 as
   PyTorch's autocast keeps its matmul outputs); ``dg`` and ``du`` are
-  computed in float32 from them. On CPU: a 4-7% faster train step in both
-  dtypes (``docs/benchmarks.md``).
+  computed in float32 from them (the effect on the step:
+  ``docs/benchmarks.md``).
   """
   return _swiglu(x, w_gate_up, w_down, jnp.dtype(dtype))
 

@@ -37,8 +37,7 @@ def rope_angles(positions: jax.Array | np.ndarray, head_dim: int, base: float) -
   give NumPy tables, which enter the compiled step as constants: traced
   tables were recomputed by XLA inside every fusion that reads them, a
   ``cos`` and a ``sin`` per element of q and k in every layer, forward and
-  backward (63 of them in the compiled medium step on CPU; as constants the
-  step ran 3-20% faster, ``docs/benchmarks.md``).
+  backward (``docs/benchmarks.md`` counts them and measures the difference).
   Either way the angle is the float32 product ``p * theta_k``; NumPy rounds
   its cosine and sine correctly.
   """

@@ -17,12 +17,13 @@ K ordinary run directories, each exactly what ``train`` with that
 import copy
 import dataclasses
 import errno
+import functools
 import logging
 import signal
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -78,26 +79,44 @@ def init_state(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, tx, s
   return graphdef, params, opt_state, param_sh, opt_sh
 
 
+def make_iter(config: ml_collections.ConfigDict):
+  """A fresh iterator over a run's batches (this process's share), in the order of its ``train.seed``."""
+  t = config.train
+  return data.train_iterator(config.data, batch_size=t.batch_size // jax.process_count(), seed=t.seed,
+                             process_index=jax.process_index(), process_count=jax.process_count())
+
+
 @dataclasses.dataclass
 class RunDir:
-  """One run directory the loop writes: the config, checkpoints, metrics and data order of one seed."""
+  """One run directory the loop writes: the config, checkpoints, metrics and data order of one seed.
+
+  Built once, by :meth:`Trainer._init_state`, after the group is restored.
+  """
   config: ml_collections.ConfigDict
   workdir: str
-  mgr: Any = None
-  writer: MetricsWriter | None = None
-  data_iter: Any = None
+  mgr: Any
+  writer: MetricsWriter
+  data_iter: Any
   skipped: int = 0  # batches dropped under train.nonfinite = "skip"
 
-  def make_iter(self):
-    """A fresh iterator over this run's batches, in the order of its ``train.seed``."""
-    t = self.config.train
-    return data.train_iterator(
-        self.config.data, batch_size=t.batch_size // jax.process_count(), seed=t.seed,
-        process_index=jax.process_index(), process_count=jax.process_count())
-
   def label(self, k: int) -> str:
-    """How messages name this run when K > 1 (empty for a single run)."""
-    return "" if k == 1 else f" of seed {self.config.train.seed} ({self.workdir})"
+    return run_label(self.config, self.workdir, k)
+
+
+def run_label(config: ml_collections.ConfigDict, workdir: str, k: int) -> str:
+  """How messages name a run of a group of ``k`` (empty for a single run)."""
+  return "" if k == 1 else f" of seed {config.train.seed} ({workdir})"
+
+
+@dataclasses.dataclass
+class StepInfo:
+  """What a periodic action sees after a step (1-based ``step``): the step's outputs ``metrics`` (on device: loss,
+  grad_norm, finite; a leading seed axis for K runs), whether the loop stops after it, and ``records``, one dict
+  per run that actions add to and the log action writes."""
+  step: int
+  metrics: dict
+  stopping: bool
+  records: list[dict]
 
 
 class NonFiniteError(FloatingPointError):
@@ -190,12 +209,13 @@ class Trainer:
   Building it validates the configs, opens the run directories (all are
   checked before any is written, so a refusal leaves every one as it was),
   creates or restores the sharded state and compiles nothing yet. :meth:`run`
-  is the loop: one train step per iteration, then the periodic actions, each
-  on its own schedule (:func:`itstime`): log (``train.log_every``), evaluate
-  and the emergence metrics (``train.eval_every``; an evaluation is always
-  logged), checkpoint (``checkpoint.every``), and the progress bar. A stop
-  (``train.stop_at_step``, SIGTERM, SIGINT) logs and checkpoints the step it
-  stops after.
+  is the loop: one train step per iteration, then the periodic actions
+  (``self.hooks``, each ``fn(StepInfo)`` on its own schedule, :func:`itstime`):
+  the progress bar, evaluation and the emergence metrics
+  (``train.eval_every``), the log (``train.log_every``, and after every
+  evaluation), the checkpoint (``checkpoint.every``). :meth:`add_hook` adds
+  one. A stop (``train.stop_at_step``, SIGTERM, SIGINT) logs and checkpoints
+  the step it stops after.
   """
 
   def __init__(self, configs: list[ml_collections.ConfigDict], workdirs: list[str]):
@@ -204,14 +224,13 @@ class Trainer:
       distributed.initialize(config)
     for c in configs:
       config_lib.validate(c)
-    self.runs = [RunDir(c, w) for c, w in zip(configs, workdirs)]
     for record in (False, True):
-      for run in self.runs:
-        _open_workdir(run.config, run.workdir, record)
-    self.k = len(self.runs)
+      for c, w in zip(configs, workdirs):
+        _open_workdir(c, w, record)
+    self.k = len(configs)
     self.mesh = sharding.make_mesh(config)
     self.tx = make_optimizer(config.train)
-    self._init_state()
+    self._init_state(configs, workdirs)
     self._build_steps()
     t = config.train
     self.tokens_per_step = t.batch_size * config.data.seq_len  # per run; the group's step is K times that
@@ -222,30 +241,42 @@ class Trainer:
     self.saved = self.start
     self._pending = None  # (step, finite flags) of the last step, checked a step late to keep dispatch async
     self._window = (time.perf_counter(), 0)  # (start time, steps) since the last log
+    self.bar = None
+    # The periodic actions, in order: (when(info), fn(info)); add more with add_hook.
+    self.hooks: list[tuple[Callable[[StepInfo], bool], Callable[[StepInfo], None]]] = []
+    self.add_hook(self._tick, every=1)
+    self.add_hook(self._evaluate, every=t.eval_every)
+    # Logged every train.log_every steps, at a stop, and whenever an evaluation added to the record.
+    self.hooks.append((lambda i: itstime(i.step, t.log_every, t.steps, force=i.stopping or bool(i.records[0])),
+                       self._log))
+    self.add_hook(self._save, every=config.checkpoint.every, on_stop=True)
 
-  def _init_state(self) -> None:
-    """Fresh or restored params and optimizer state, and each run's checkpoint manager, writer and data iterator."""
-    config, runs = self.config, self.runs
-    seeds = None if self.k == 1 else [run.config.train.seed for run in runs]
+  def _init_state(self, configs: list[ml_collections.ConfigDict], workdirs: list[str]) -> None:
+    """Fresh or restored params and optimizer state, and the run directories (checkpoint manager, metrics writer
+    and data iterator of each)."""
+    config = self.config
+    seeds = None if self.k == 1 else [c.train.seed for c in configs]
     graphdef, params, opt_state, param_sh, opt_sh = init_state(config, self.mesh, self.tx, seeds=seeds)
     self.graphdef = graphdef
     self.axis = seeds_lib.SeedAxis(self.k, param_sh, opt_sh, sharding.batch_sharding(self.mesh, config.mesh.rules))
-    for run in runs:
-      run.mgr = checkpoint.manager(run.workdir, config.checkpoint)
+    slots = [checkpoint.Restorable(checkpoint.manager(w, config.checkpoint), w, functools.partial(make_iter, c))
+             for c, w in zip(configs, workdirs)]
     try:
-      self.start, restored = checkpoint.restore_group(runs, *self.axis.abstract_run(params, opt_state))
+      self.start, restored, iters = checkpoint.restore_group(slots, *self.axis.abstract_run(params, opt_state))
     except BaseException:
-      for run in runs:
-        run.mgr.close()
+      for slot in slots:
+        slot.mgr.close()
       raise
     if self.start:
       params, opt_state = self.axis.join(restored)
-      log.info("resumed from step %d of %s", self.start, ", ".join(run.workdir for run in runs))
+      log.info("resumed from step %d of %s", self.start, ", ".join(workdirs))
     self.params, self.opt_state = params, opt_state
-    for run in runs:
-      entry = (provenance.record_training(run.workdir, self.start, run.label(self.k))
+    self.runs = []
+    for c, slot, data_iter in zip(configs, slots, iters):
+      entry = (provenance.record_training(slot.workdir, self.start, run_label(c, slot.workdir, self.k))
                if jax.process_index() == 0 else None)
-      run.writer = MetricsWriter(run.workdir, resume_step=self.start if self.start else None, provenance=entry)
+      writer = MetricsWriter(slot.workdir, resume_step=self.start if self.start else None, provenance=entry)
+      self.runs.append(RunDir(c, slot.workdir, slot.mgr, writer, data_iter))
 
   def _build_steps(self) -> None:
     """The jitted train and eval steps, the held-out batch and the emergence hook."""
@@ -265,24 +296,27 @@ class Trainer:
     self.hook = (emergence_hook.EmergenceHook(config, self.graphdef, self.params, self.mesh,
                                          num_runs=0 if self.k == 1 else self.k) if t.emergence else None)
 
+  def add_hook(self, fn: Callable[[StepInfo], None], every: int, on_stop: bool = False) -> None:
+    """Run ``fn(info)`` after every ``every``-th step and the last one (and at a stop, with ``on_stop``), after the
+    actions added before it (levanter's ``add_hook``)."""
+    total = self.config.train.steps
+    self.hooks.append((lambda i: itstime(i.step, every, total, force=on_stop and i.stopping), fn))
+
   def run(self) -> list[dict]:
     """Train from the restored step to ``train.steps`` (or a stop); returns each run's last logged metrics."""
-    t, every = self.config.train, self.config.checkpoint.every
-    bar = self._progress()
+    t = self.config.train
+    self.bar = self._progress()
     step = self.start
     try:
       with StopRequest() as stop:
         for step in range(self.start + 1, t.steps + 1):
           metrics = self._advance(step)
-          if bar is not None:
-            bar.update(1)
-          stopping = step == t.stop_at_step or stop.signal_name is not None
-          evaluate = itstime(step, t.eval_every, t.steps)
-          if evaluate or itstime(step, t.log_every, t.steps, force=stopping):
-            self._log(step, metrics, evaluate, bar)
-          if itstime(step, every, t.steps, force=stopping):
-            self._save(step)
-          if stopping:
+          info = StepInfo(step, metrics, step == t.stop_at_step or stop.signal_name is not None,
+                          [{} for _ in self.runs])
+          for when, fn in self.hooks:
+            if when(info):
+              fn(info)
+          if info.stopping:
             why = f"on {stop.signal_name}" if stop.signal_name else "as train.stop_at_step asks"
             log.warning("stopped after step %d %s, checkpoint saved; rerun the same command to resume", step, why)
             break
@@ -292,7 +326,7 @@ class Trainer:
       raise
     finally:
       # Also on an error or a stop: a checkpoint being written asynchronously must land, in every run.
-      self._finish(failing=sys.exc_info()[0] is not None, bar=bar)
+      self._finish(failing=sys.exc_info()[0] is not None, bar=self.bar)
     return self.lasts
 
   def _progress(self):
@@ -331,35 +365,49 @@ class Trainer:
         f"the last checkpoint (step {self.saved}) is untouched. Rerun to resume from it, or set "
         f"--config.train.nonfinite=skip to drop such batches")
 
-  def _log(self, step: int, metrics: dict, evaluate: bool, bar) -> None:
-    """One record per run in metrics.jsonl and TensorBoard; with ``evaluate`` also val_loss and the hook's metrics."""
+  def _tick(self, info: StepInfo) -> None:
+    if self.bar is not None:
+      self.bar.update(1)
+
+  def _evaluate(self, info: StepInfo) -> None:
+    """The held-out loss and the emergence metrics, into ``info.records`` (the log action writes them). Its time
+    is kept out of the throughput window."""
     self._check_finite()
-    metrics = jax.device_get(metrics)
+    jax.block_until_ready(info.metrics)  # the step's own time stays in the window
+    started = time.perf_counter()
+    val = self.axis.per_run(self.eval_step(self.params, self.eval_batch))
+    emerged = self.hook(self.params) if self.hook is not None else None
+    for i, record in enumerate(info.records):
+      record["val_loss"] = float(val[i])
+      record.update(emerged[i] if emerged is not None else {})
+    self._window = (self._window[0] + time.perf_counter() - started, self._window[1])
+
+  def _log(self, info: StepInfo) -> None:
+    """One record per run in metrics.jsonl and TensorBoard: the step's metrics, throughput and what the other
+    actions added (``info.records``)."""
+    self._check_finite()
+    step, metrics = info.step, jax.device_get(info.metrics)
     per_run = self.axis.per_run
     losses, grad_norms = per_run(metrics["loss"]), per_run(metrics["grad_norm"])
     started, steps = self._window
     tps = steps * self.tokens_per_step / (time.perf_counter() - started)  # per run: the group's divided by K
-    val = per_run(self.eval_step(self.params, self.eval_batch)) if evaluate else None
-    emerged = self.hook(self.params) if evaluate and self.hook is not None else None
     per_device = tps / jax.device_count()
     for i, run in enumerate(self.runs):
       record = {"loss": losses[i], "grad_norm": grad_norms[i], "learning_rate": self.schedule(step - 1),
                 "tokens_per_s": tps, "tokens_per_s_per_device": per_device,
                 "tflops_per_device": per_device * self.flops_per_token / 1e12,
                 "mfu": per_device * self.flops_per_token / self.peak, "tokens": step * self.tokens_per_step,
-                "skipped_steps": run.skipped}
-      if val is not None:
-        record["val_loss"] = float(val[i])
-        record.update(emerged[i] if emerged is not None else {})
+                "skipped_steps": run.skipped, **info.records[i]}
       run.writer.write(step, record)
       self.lasts[i] = record
-    if bar is not None:
-      bar.set_postfix(loss=f"{np.mean(losses):.3f}", tok_s=f"{self.k * tps:,.0f}",
-                      mfu=f"{self.k * self.lasts[0]['mfu']:.1%}")
+    if self.bar is not None:
+      self.bar.set_postfix(loss=f"{np.mean(losses):.3f}", tok_s=f"{self.k * tps:,.0f}",
+                           mfu=f"{self.k * self.lasts[0]['mfu']:.1%}")
     self._window = (time.perf_counter(), 0)
 
-  def _save(self, step: int) -> None:
+  def _save(self, info: StepInfo) -> None:
     self._check_finite()  # never checkpoint a state whose last update was not finite
+    step = info.step
     for run, (params, opt_state) in zip(self.runs, self.axis.split(self.params, self.opt_state)):
       checkpoint.save(run.mgr, step, params, opt_state, run.data_iter, run.config)
     self.saved = step

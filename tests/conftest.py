@@ -5,13 +5,6 @@ import os
 import shutil
 import tempfile
 
-# Set while CI's analysis hangs were unexplained. Their cause (two LU solves at once deadlocking XLA CPU's
-# intra-op pool, docs/analysis.md) is avoided in the code itself, and this flag did not prevent it; kept as
-# a precaution. Set before jax initialises its backend; subprocesses inherit it through os.environ (see
-# xla_flags).
-XLA_SAFE = "--xla_cpu_multi_thread_eigen=false"
-os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {XLA_SAFE}".strip()
-
 # One persistent compilation cache for the whole run, this process, the xdist workers (which inherit the
 # environment) and every train.py / analyze.py subprocess: most end-to-end tests compile the same small
 # programs again in fresh processes. A run's own cache, removed at exit; a user's JAX_COMPILATION_CACHE_DIR
@@ -29,8 +22,8 @@ from abspos_jax.config import base_config  # noqa: E402
 
 
 def xla_flags(*flags: str) -> str:
-  """``XLA_FLAGS`` for a subprocess: ``flags`` plus this session's (the Eigen setting above)."""
-  return " ".join((*flags, XLA_SAFE))
+  """``XLA_FLAGS`` for a subprocess: ``flags`` plus the caller's own ``XLA_FLAGS``."""
+  return " ".join((*flags, os.environ.get("XLA_FLAGS", ""))).strip()
 
 
 @pytest.fixture(scope="session", autouse=True)

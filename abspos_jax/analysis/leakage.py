@@ -157,8 +157,9 @@ def _cumsum(x: jax.Array, block: int = 32) -> jax.Array:
   With ``T`` padded to ``m * block`` and ``x`` viewed as ``[..., m, block]``,
   ``cumsum(x)[k, c] = (x[k] @ U_block)[c] + (t @ U'_m)[k]`` where ``t[k]`` is
   block ``k``'s total, ``U`` the upper-triangular ones and ``U'`` its strict
-  part. 2x faster on CPU than ``jnp.cumsum`` (an associative scan of
-  ``log2 T`` strided passes) for the ``[T, T]`` weights of one head.
+  part: two dense products, where ``jnp.cumsum`` is an associative scan of
+  ``log2 T`` strided passes over the ``[T, T]`` weights of one head
+  (``docs/benchmarks.md`` compares the two).
   """
   t = x.shape[-1]
   m = -(-t // block)
@@ -237,8 +238,7 @@ def update_layer(acc: dict, layer: int, logits: jax.Array, log_z: jax.Array, seq
                               lambda: offset_profile(d, logits[0], log_z[0]))
   b, _, h, t, _ = logits.shape
   # One head of one sequence at a time: its [T, T] temporaries stay in cache and in memory the
-  # allocator reuses (a whole layer's [H, T, T] ones ran 2x slower, half of it the kernel zeroing
-  # fresh pages).
+  # allocator reuses, where a whole layer's [H, T, T] ones would need fresh pages the kernel zeroes.
   def one_head(x):
     s, lz, head = x
     return sequence_sums(_head_design(d, head), ref_s[0, head], ref_l[0, head], s, lz)

@@ -35,9 +35,8 @@ def available_bytes(device: jax.Device | None = None) -> int:
   return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
 
 
-# One layer's logits per step beyond this buy no speed on the CPU and cost fresh pages: the 12 x 768
-# model at 2,048 tokens ran its analysis at 0.48x of a forward with 2 sequences per step (384 MiB of
-# logits per layer), 0.60x with 1 (docs/benchmarks.md).
+# One layer's logits per step beyond this buy no speed on the CPU and cost fresh pages
+# (docs/benchmarks.md: the 12 x 768 model at 2,048 tokens with 1 and 2 sequences per step).
 LOGITS_BYTES_CAP = 256 * 2**20
 
 
