@@ -37,7 +37,7 @@ def main(argv):
   if _COMPARE.value and _ALL_STEPS.value:
     sys.exit("error: --compare and --all_steps do not combine: run --all_steps on each run, then --compare them")
   if _COMPARE.value:
-    from abspos_jax.analysis.compare import compare
+    from abspos_jax.analysis.outputs.compare import compare
     if len(argv) < 2:
       sys.exit("error: --compare needs run directories: python analyze.py --compare DIR1 DIR2 ...")
     out = _OUT.value or "comparison"
@@ -65,7 +65,7 @@ def main(argv):
   from abspos_jax.analysis import analyze_all_steps, analyze_hf, analyze_run
   from abspos_jax.analysis.api import TextChoice, default_hf_out
   from abspos_jax.variants import Variant, parse_rope_scale
-  from abspos_jax.analysis.report import with_interval
+  from abspos_jax.analysis.outputs.report import with_interval
   try:
     o = {name: holder.value for name, holder in OPTS.items()}
     options = options_lib.AnalysisOptions(batch_size=o["batch_size"], interventions=not o["skip_interventions"],

@@ -32,7 +32,7 @@ import numpy as np
 from flax import nnx
 
 from abspos_jax import checkpoint, data, distributed, flops, model as model_lib, provenance, sharding, storage
-from abspos_jax.analysis import emergence_hook
+from abspos_jax.analysis import emergence
 from abspos_jax import config as config_lib
 from abspos_jax import seeds as seeds_lib
 from abspos_jax.metrics import MetricsWriter
@@ -293,7 +293,7 @@ class Trainer:
     per_process = n_eval // jax.process_count()
     mine = slice(jax.process_index() * per_process, (jax.process_index() + 1) * per_process)
     self.eval_batch = jax.make_array_from_process_local_data(batch_sh, eval_tokens[mine], eval_tokens.shape)
-    self.hook = (emergence_hook.EmergenceHook(config, self.graphdef, self.params, self.mesh,
+    self.hook = (emergence.EmergenceHook(config, self.graphdef, self.params, self.mesh,
                                          num_runs=0 if self.k == 1 else self.k) if t.emergence else None)
 
   def add_hook(self, fn: Callable[[StepInfo], None], every: int, on_stop: bool = False) -> None:

@@ -13,10 +13,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
-
-def lm_loss(logits: jax.Array, targets: jax.Array) -> jax.Array:
-  """Mean next-token cross entropy (nats): ``logits [B, T, V]``, ``targets [B, T]``."""
-  return optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), targets).mean()
+from abspos_jax.loss import lm_loss
 
 
 def make_loss_fn(graphdef: nnx.GraphDef) -> Callable[[nnx.State, jax.Array], jax.Array]:

@@ -6,7 +6,7 @@
 (``benchmarks.train_throughput.SIZES``). For each seq_len, two fresh
 subprocesses on the same randomly initialised RoPE decoder: one times a plain
 jitted forward (``model(tokens)``, the training path), one the analysis pass's
-baseline step (``analysis_pass.make_baseline_step``, what ``analyze`` runs per
+baseline step (``steps.make_baseline_step``, what ``analyze`` runs per
 batch with interventions off) at the batch size ``analyze`` chooses from its
 memory budget (``analysis.memory``, with its cap on one layer's logits), capped at
 ``--num_sequences``. Both are
@@ -35,9 +35,10 @@ import numpy as np
 from flax import nnx
 
 from abspos_jax import model as model_lib
-from abspos_jax.analysis import analysis_pass, fixed_effects, memory
+from abspos_jax.analysis.passes import steps, memory
+from abspos_jax.analysis.estimators import fixed_effects
 from abspos_jax.analysis.options import AnalysisOptions
-from abspos_jax.analysis.run import layer_visible
+from abspos_jax.analysis.core import layer_visible
 from benchmarks import common
 from benchmarks.scaling import best_ms
 from benchmarks.train_throughput import SIZES, size_config
@@ -60,8 +61,8 @@ def child(kind: str, shape: str, seq_len: int, num_sequences: int, repeats: int)
     batch = num_sequences
   else:
     design = fixed_effects.make_design(layer_visible(m.spec, seq_len))
-    step = jax.jit(analysis_pass.make_baseline_step(graphdef, design, {}), donate_argnums=1)
-    acc = analysis_pass.init_accumulators(m.spec, seq_len, {}, AnalysisOptions().num_blocks)
+    step = jax.jit(steps.make_baseline_step(graphdef, design, {}), donate_argnums=1)
+    acc = steps.init_accumulators(m.spec, seq_len, {}, AnalysisOptions().num_blocks)
     budget = memory.available_bytes() // 2
     batch, used = memory.choose_batch_size(
         lambda b: step.lower(params, acc, jax.ShapeDtypeStruct((b, seq_len), jnp.int32),

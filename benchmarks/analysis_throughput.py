@@ -3,7 +3,7 @@
     python -m benchmarks.analysis_throughput [--sizes=tiny,medium] [--num_sequences=128] [--repeats=5]
     python -m benchmarks.analysis_throughput --memory [--sizes=tiny]
 
-Ours: the baseline step of :mod:`abspos_jax.analysis.analysis_pass` (what
+Ours: the baseline step of :mod:`abspos_jax.analysis.passes.steps` (what
 ``analyze(..., options=AnalysisOptions(interventions=False))`` runs once per
 batch; ``finalize`` is a fixed cost independent of the number of sequences and
 is not timed), jitted once, over all sequences in batches of ``--batch_size``.
@@ -34,9 +34,10 @@ import torch
 from flax import nnx
 
 from abspos_jax import model as model_lib
-from abspos_jax.analysis import analysis_pass, denominators, fixed_effects
+from abspos_jax.analysis.passes import steps
+from abspos_jax.analysis.estimators import denominators, fixed_effects
 from abspos_jax.analysis.options import AnalysisOptions
-from abspos_jax.analysis.run import layer_visible
+from abspos_jax.analysis.core import layer_visible
 from abspos_jax.interop import hf
 from benchmarks import common, hf_reference
 from benchmarks.train_throughput import SIZES, size_config
@@ -53,12 +54,12 @@ class OursPass:
     self.visible = layer_visible(model.spec, seq_len)
     design = fixed_effects.make_design(self.visible)
     groups = np.arange(model.spec.vocab_size, dtype=np.int32)
-    # Donating the accumulators, as analyze() does (see analysis.run._sweep for the copy below).
-    self.step = jax.jit(analysis_pass.make_baseline_step(self.graphdef, design, {}, jnp.asarray(groups)),
+    # Donating the accumulators, as analyze() does (see analysis.orchestrator for the copy below).
+    self.step = jax.jit(steps.make_baseline_step(self.graphdef, design, {}, jnp.asarray(groups)),
                         donate_argnums=1)
 
   def run(self, tokens: np.ndarray) -> dict:
-    acc = jax.tree.map(jnp.copy, analysis_pass.init_accumulators(self.spec, self.seq_len, {},
+    acc = jax.tree.map(jnp.copy, steps.init_accumulators(self.spec, self.seq_len, {},
                                                                  AnalysisOptions().num_blocks))
     for start in range(0, len(tokens), self.batch_size):
       stop = min(start + self.batch_size, len(tokens))

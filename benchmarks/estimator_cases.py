@@ -16,7 +16,8 @@ import numpy as np
 import scipy.special
 
 from abspos_jax import model as model_lib
-from abspos_jax.analysis import AnalysisOptions, analyze, fixed_effects as fe, intervals, leakage, sinks
+from abspos_jax.analysis import AnalysisOptions, analyze
+from abspos_jax.analysis.estimators import fixed_effects as fe, intervals, leakage, sinks
 from abspos_jax.config import base_config
 
 FAST = AnalysisOptions(batch_size=8, interventions=False, progress=False)

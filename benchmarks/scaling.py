@@ -24,9 +24,10 @@ import numpy as np
 from flax import nnx
 
 from abspos_jax import model as model_lib, optim
-from abspos_jax.analysis import analysis_pass, fixed_effects
+from abspos_jax.analysis.passes import steps
+from abspos_jax.analysis.estimators import fixed_effects
 from abspos_jax.analysis.options import AnalysisOptions
-from abspos_jax.analysis.run import layer_visible
+from abspos_jax.analysis.core import layer_visible
 from abspos_jax.attention import Attention
 from abspos_jax.train_step import make_loss_fn, make_train_step
 from benchmarks import common
@@ -84,8 +85,8 @@ def analysis_row(layers: int, seq_len: int, batch: int, repeats: int) -> dict:
   graphdef, params = nnx.split(model, nnx.Param)
   visible = layer_visible(model.spec, seq_len)
   design = fixed_effects.make_design(visible)
-  step = jax.jit(analysis_pass.make_baseline_step(graphdef, design, {}, jnp.arange(config.model.vocab_size)))
-  acc = analysis_pass.init_accumulators(model.spec, seq_len, {}, AnalysisOptions().num_blocks)
+  step = jax.jit(steps.make_baseline_step(graphdef, design, {}, jnp.arange(config.model.vocab_size)))
+  acc = steps.init_accumulators(model.spec, seq_len, {}, AnalysisOptions().num_blocks)
   tokens = jnp.asarray(np.random.default_rng(0).integers(0, 256, (batch, seq_len)).astype(np.int32))
   return {"layers": layers, "seq_len": seq_len, "batch": batch,
           "analysis_ms": best_ms(lambda: step(params, acc, tokens, jnp.arange(batch)), repeats)}

@@ -79,7 +79,7 @@ FIELDS = (
     F("train.eval_every", 200, "steps between evaluations (validation loss, emergence metrics)", at_least=1,
       resumable=True, key=True),
     F("train.emergence", True, "at every evaluation: sink rates, position-0 norm ratios and pooled leakage of a fixed "
-      "validation batch (abspos_jax/analysis/emergence_hook.py, docs/emergence.md)", resumable=True, key=True),
+      "validation batch (abspos_jax/analysis/emergence.py, docs/emergence.md)", resumable=True, key=True),
     F("train.emergence_sequences", 16, "validation sequences the emergence metrics read", at_least=2,
       why="the held-out leakage needs two halves", resumable=True, key=True),
     F("train.peak_flops", 0.0, "per-device peak FLOP/s for MFU; 0: a measured matmul peak of this device",

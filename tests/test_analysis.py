@@ -13,9 +13,10 @@ import pytest
 from flax import nnx
 
 from abspos_jax import attention, model as model_lib
-from abspos_jax.analysis import AnalysisOptions, Statistic, analysis_pass, analyze, analyze_run, denominators, \
-    fixed_effects, leakage, memory
-from abspos_jax.analysis.run import fingerprint_groups, layer_visible
+from abspos_jax.analysis import AnalysisOptions, Statistic, analyze, analyze_run
+from abspos_jax.analysis.estimators import denominators, fixed_effects, leakage
+from abspos_jax.analysis.passes import memory, steps
+from abspos_jax.analysis.core import fingerprint_groups, layer_visible
 from abspos_jax.data import BOS_ID
 from abspos_jax.hooks import Hooks
 from abspos_jax.train_loop import train
@@ -146,7 +147,7 @@ def test_layer_by_layer_folding_equals_all_layers_at_once():
   for _ in range(2):  # the second batch reads the first one's references
     want_lk, want_zres, _ = leakage.update(start["leakage"], logits, log_z, ids, design)
     want_den = denominators.update(start["denominators"], logits, log_z, visible, ids)
-    got, _, zres, qstats = jax.jit(lambda a: analysis_pass.fold_pass(m, a, toks, ids, design))(start)
+    got, _, zres, qstats = jax.jit(lambda a: steps.fold_pass(m, a, toks, ids, design))(start)
     for want, have in ((want_lk, got["leakage"]), (want_den, got["denominators"]), (want_zres, zres)):
       jax.tree.map(lambda w, h: np.testing.assert_allclose(h, w, rtol=1e-5, atol=1e-5), want, have)
     np.testing.assert_allclose(qstats["entropy"], denominators.query_statistics(logits, log_z, visible)["entropy"],
@@ -161,11 +162,11 @@ def test_the_other_policy_step_equals_the_baseline_steps_position0_closedness_an
   graphdef, params = nnx.split(m, nnx.Param)
   _, x0_groups = fingerprint_groups({"none": np.asarray(toks)}, m.spec.vocab_size)
   design = fixed_effects.make_design(layer_visible(m.spec, toks.shape[1]))
-  full = jax.jit(analysis_pass.make_baseline_step(graphdef, design, {}, jnp.asarray(x0_groups)))
-  light = jax.jit(analysis_pass.make_position0_step(graphdef, jnp.asarray(x0_groups)))
+  full = jax.jit(steps.make_baseline_step(graphdef, design, {}, jnp.asarray(x0_groups)))
+  light = jax.jit(steps.make_position0_step(graphdef, jnp.asarray(x0_groups)))
   groups = int(x0_groups.max()) + 1
-  want = analysis_pass.init_accumulators(m.spec, toks.shape[1], {}, 4, num_groups=groups)
-  got = analysis_pass.init_position0_pass(m.spec, groups)
+  want = steps.init_accumulators(m.spec, toks.shape[1], {}, 4, num_groups=groups)
+  got = steps.init_position0_pass(m.spec, groups)
   assert set(got) == {"position0", "closedness", "loss_sum", "loss_count"}
   for ids in (jnp.arange(3), jnp.arange(3, 6)):  # the first batch runs the closedness check, the second skips it
     want = full(params, want, toks[ids], ids)
@@ -181,8 +182,8 @@ def test_the_pass_holds_one_layer_of_logits():
     m = model_lib.create(small_config(**{"model.num_layers": num_layers, "data.seq_len": 256}))
     graphdef, params = nnx.split(m, nnx.Param)
     design = fixed_effects.make_design(layer_visible(m.spec, 256))
-    step = analysis_pass.make_baseline_step(graphdef, design, {})
-    acc = analysis_pass.init_accumulators(m.spec, 256, {}, 16)
+    step = steps.make_baseline_step(graphdef, design, {})
+    acc = steps.init_accumulators(m.spec, 256, {}, 16)
     compiled = jax.jit(step).lower(params, acc, jnp.zeros((8, 256), jnp.int32), jnp.arange(8)).compile()
     return compiled.memory_analysis().temp_size_in_bytes / 2**20
 

@@ -12,10 +12,10 @@ from flax import nnx
 
 from abspos_jax import checkpoint, data, sharding
 from abspos_jax.analysis import AnalysisOptions, analyze, analyze_all_steps, analyze_run, api
-from abspos_jax.analysis.compare import compare
-from abspos_jax.analysis.curves import run_curves
+from abspos_jax.analysis.outputs.compare import compare
+from abspos_jax.analysis.outputs.curves import run_curves
 from abspos_jax.config import ConfigError, validate
-from abspos_jax.analysis.emergence_hook import EmergenceHook, metric_names
+from abspos_jax.analysis.emergence import EmergenceHook, metric_names
 from abspos_jax.metrics import read_metrics
 from abspos_jax.train_loop import train
 from conftest import small_config

@@ -9,8 +9,8 @@ import pytest
 import scipy.special
 from hypothesis import given, settings, strategies as st
 
-from abspos_jax.analysis import (denominators, fixed_effects as fe, intervals, leakage,
-                                 position0, probes, sinks)
+from abspos_jax.analysis.estimators import denominators, fixed_effects as fe, intervals, leakage, position0, probes
+from abspos_jax.analysis.estimators import sinks
 
 K = 4  # sequence blocks in these tests (halves: even / odd blocks)
 

@@ -4,7 +4,7 @@ import json
 
 import numpy as np
 
-from abspos_jax.analysis import family
+from abspos_jax.analysis.outputs import family
 
 
 def _summary(res_layers, early, removed_early, bos_fp, none_fp=None, change_early=-1e-3):

@@ -13,8 +13,7 @@ from abspos_jax import checkpoint, storage
 from abspos_jax import sweep as sweep_lib
 from abspos_jax.metrics import read_metrics
 from gcs_emulator import Emulator
-from test_reliability import ROOT, command, losses, wait_for
-from test_sweep import TINY, sweep_cfg, two_seed_sweep
+from helpers import ROOT, TINY, command, losses, sweep_cfg, two_seed_sweep, wait_for
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,7 @@ import numpy as np
 from hypothesis import given, settings, strategies as st
 
 from abspos_jax import masks
-from abspos_jax.analysis import denominators, leakage, fixed_effects
+from abspos_jax.analysis.estimators import denominators, leakage, fixed_effects
 from abspos_jax.attention import masked_softmax
 from abspos_jax.rope import apply_rope
 

@@ -8,7 +8,7 @@ import pytest
 
 from abspos_jax import provenance
 from abspos_jax.analysis import AnalysisOptions, analyze_run
-from abspos_jax.analysis.compare import compare
+from abspos_jax.analysis.outputs.compare import compare
 from abspos_jax.metrics import read_metrics
 from abspos_jax.train_loop import train
 from conftest import small_config

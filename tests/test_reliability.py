@@ -7,7 +7,6 @@ import random
 import shutil
 import signal
 import subprocess
-import sys
 import time
 
 import jax.numpy as jnp
@@ -18,36 +17,10 @@ from abspos_jax import checkpoint, data, train_step
 from abspos_jax.metrics import read_metrics
 from abspos_jax.train_loop import NonFiniteError, train
 from conftest import small_config
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RUN = ["--config.model.num_layers=2", "--config.model.d_model=64", "--config.model.num_heads=4",
-       "--config.data.seq_len=32", "--config.train.batch_size=8", "--config.train.warmup_steps=2",
-       "--config.train.log_every=1", "--config.train.eval_every=1000", "--config.train.progress=False",
-       "--config.data.eval_sequences=8", "--config.data.name=synthetic", "--config.data.synthetic_docs=200"]
-
-
-def command(workdir, *extra):
-  return [sys.executable, "train.py", "--config=configs/rope.py", f"--workdir={workdir}", *RUN, *extra]
-
+from helpers import ROOT, command, losses, wait_for
 
 def config(**overrides):
   return small_config(**{"data.name": "synthetic", "data.synthetic_docs": 200, **overrides})
-
-
-def losses(workdir):
-  return {m["step"]: m["loss"] for m in read_metrics(workdir)}
-
-
-def wait_for(predicate, proc, timeout=120.0):
-  """Poll until ``predicate()``; False if the process ended first."""
-  end = time.time() + timeout
-  while time.time() < end:
-    if predicate():
-      return True
-    if proc.poll() is not None:
-      return False
-    time.sleep(0.002)
-  raise TimeoutError("condition not reached")
 
 
 def checkpoint_tmp_dir(workdir):
@@ -229,7 +202,8 @@ def test_bad_cli_flags_and_types(tmp_path):
 
 
 def test_analysis_crash_keeps_previous_results(tmp_path, monkeypatch):
-  from abspos_jax.analysis import AnalysisOptions, analyze_run, figures, outputs
+  from abspos_jax.analysis import AnalysisOptions, analyze_run
+  from abspos_jax.analysis.outputs import figures, writer
   train(config(), str(tmp_path / "run"))
   out = tmp_path / "run" / "analysis"
   result = analyze_run(str(tmp_path / "run"), num_sequences=8,
@@ -239,6 +213,6 @@ def test_analysis_crash_keeps_previous_results(tmp_path, monkeypatch):
     raise RuntimeError("crash while drawing")
   monkeypatch.setattr(figures, "all_figures", crash)
   with pytest.raises(RuntimeError, match="crash while drawing"):
-    outputs.write(str(out), {**result.summary, "loss": {"prepend": -1.0}}, result.stats, {"step": 0})
+    writer.write(str(out), {**result.summary, "loss": {"prepend": -1.0}}, result.stats, {"step": 0})
   assert (out / "summary.json").read_text() == before
   assert not [n for n in os.listdir(tmp_path / "run") if n.startswith(".analysis-")]

@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from abspos_jax.analysis import compare, figures, report
+from abspos_jax.analysis.outputs import compare, figures, report
 
 REASON = "null where the component before is not clearly non-zero"
 
@@ -99,7 +99,7 @@ def test_a_30_layer_report_is_a_table_per_quantity():
   assert sum(l.startswith("| 29 |") for l in rows) == 2  # the denominators and the leakage tables
   assert sum(l.startswith("| after layer 29 |") for l in rows) == 1 and "| embedding |" in text
   assert max(len(l) for l in text.splitlines() if not l.startswith("|")) < 700  # no 30-value sentences
-  assert "| 3 | " in text and f"| 8/9 | " in text and "| 0/9 | " in text  # sink heads counted per layer
+  assert "| 3 | " in text and "| 8/9 | " in text and "| 0/9 | " in text  # sink heads counted per layer
   assert "[3, 0]" not in text and "in layers 3-29" in text  # the 216 pairs stay in summary.json
   assert "0.510 [0.400, 0.600]" not in text and "0.51 [0.40, 0.60]" in text  # layer 1 of a per-layer list
 

@@ -15,29 +15,9 @@ from ml_collections import config_flags
 from abspos_jax import config as config_lib
 from abspos_jax import sweep as sweep_lib
 from abspos_jax.sweep import Decision, RunState, SweepError
+from helpers import TINY, sweep_cfg, two_seed_sweep
 
 REPO = sweep_lib.REPO
-TINY = {
-    "model": {"num_layers": 2, "d_model": 32, "num_heads": 4, "window": 4},
-    "data": {"seq_len": 16, "name": "synthetic", "synthetic_docs": 200, "eval_sequences": 8},
-    "train": {"steps": 4, "batch_size": 8, "warmup_steps": 1, "log_every": 2, "eval_every": 2, "progress": False},
-    "checkpoint": {"every": 2},
-}
-
-
-def sweep_cfg(vary, overrides=None, **fields) -> ml_collections.ConfigDict:
-  c = sweep_lib.sweep_defaults()
-  c.overrides = ml_collections.ConfigDict(TINY if overrides is None else overrides)
-  c.vary = vary
-  for key, value in fields.items():
-    *path, leaf = key.split(".")
-    node = c
-    for p in path:
-      node = node[p]
-    node[leaf] = value
-  return c
-
-
 FAMILY = (("model.position", ("rope", "ntk")), ("model.num_layers", (2, 4)), ("train.seed", (0, 1)))
 
 
@@ -464,18 +444,6 @@ def test_seeds_together_local_reruns_a_group_until_every_seed_is_done(tmp_path):
 
 
 # ---------------------------------------------------------------------------- end to end
-
-
-def two_seed_sweep(path, **train):
-  """A sweep file over seeds 0 and 1 of TINY (with ``train`` overrides), analysed on 4 sequences."""
-  overrides = dict(TINY, train={**TINY["train"], "peak_flops": 1e12, **train})  # no matmul peak measurement
-  path.write_text(
-      "import ml_collections\nfrom abspos_jax.sweep import sweep_defaults\n\n\ndef get_config():\n"
-      "  c = sweep_defaults()\n"
-      f"  c.overrides = ml_collections.ConfigDict({overrides!r})\n"
-      "  c.vary = (('train.seed', (0, 1)),)\n"
-      "  c.analyze.num_sequences = 4\n  c.analyze.skip_interventions = True\n  return c\n")
-  return path
 
 
 @pytest.mark.slow

@@ -1,5 +1,13 @@
 """The analysis: where a trained decoder gets absolute position from.
 
+Layout: ``options`` (every option, declared once), ``api`` (load a run or a
+checkpoint, build its sequences, analyse, write), ``orchestrator``
+(``analyze``: the passes, then each estimator's results), ``core`` (the core
+estimators' results and jackknife, shared with the training-time
+``emergence`` hook), and three subpackages: ``estimators`` (the statistics),
+``passes`` (the jitted forward passes that feed them) and ``outputs``
+(summary.json, stats.npz, report, figures, comparisons).
+
 ``analyze(model, sequences)`` runs the jitted pass and returns an
 :class:`AnalysisResult`; ``analyze_run(workdir)`` does the same for a saved
 run and writes ``summary.json``, ``stats.npz``, figures and ``report.md``;
@@ -12,8 +20,8 @@ Add a statistic at any hook point with :class:`Statistic`.
 import importlib
 
 # Imported on first use, so that importing one estimator module does not pull in TFDS and orbax (api).
-_EXPORTS = {"AnalysisOptions": "options", "AnalysisResult": "run", "Statistic": "analysis_pass", "analyze": "run",
-            "analyze_all_steps": "api", "analyze_hf": "api", "analyze_run": "api"}
+_EXPORTS = {"AnalysisOptions": "options", "AnalysisResult": "orchestrator", "Statistic": "passes.steps",
+            "analyze": "orchestrator", "analyze_all_steps": "api", "analyze_hf": "api", "analyze_run": "api"}
 __all__ = sorted(_EXPORTS)
 
 

@@ -1,5 +1,5 @@
 """``analyze_run``, ``analyze_all_steps`` and ``analyze_hf``: load a model, build its evaluation sequences,
-analyse, write the outputs."""
+analyse, write the files."""
 
 import dataclasses
 import os
@@ -12,11 +12,11 @@ from flax import nnx
 
 from abspos_jax import checkpoint, data, provenance, storage, variants
 from abspos_jax.data import builders
-from abspos_jax.analysis import curves, outputs, schema
+from abspos_jax.analysis.outputs import curves, schema, writer
 from abspos_jax.analysis.options import NUM_SEQUENCES, AnalysisOptions
-from abspos_jax.analysis.run import AnalysisResult, analyze
+from abspos_jax.analysis.orchestrator import AnalysisResult, analyze
 from abspos_jax.config import BOS_POLICIES
-from abspos_jax.train_step import make_loss_fn
+from abspos_jax.loss import lm_loss
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,6 +45,16 @@ class TextChoice:
     return d
 
 
+def _check_request(num_sequences: int, split: str, main_policy: str | None = None) -> None:
+  """Refuse, naming the flag, what no analysis can do (before anything is loaded)."""
+  if num_sequences < 2:
+    raise ValueError(f"--num_sequences must be >= 2 (the held-out estimators need two halves), got {num_sequences}")
+  if split not in ("train", "validation"):
+    raise ValueError(f"--split must be train or validation, got {split!r}")
+  if main_policy not in (None, *BOS_POLICIES):
+    raise ValueError(f"--main_policy must be one of {', '.join(BOS_POLICIES)}, got {main_policy!r}")
+
+
 def _data_meta(d: ml_collections.ConfigDict, split: str) -> dict:
   out = {"name": d.name, "split": split}
   if d.name == "text_files":
@@ -57,7 +67,7 @@ def _data_meta(d: ml_collections.ConfigDict, split: str) -> dict:
 def _unmodified_loss(model, sequences: np.ndarray, batch_size: int) -> float:
   """Mean next-token loss of ``model`` on ``sequences`` (the analysis' own loss, without its pass)."""
   graphdef, params = nnx.split(model, nnx.Param)
-  loss = jax.jit(make_loss_fn(graphdef))
+  loss = jax.jit(lambda p, t: lm_loss(nnx.merge(graphdef, p)(t[:, :-1]), t[:, 1:]))
   total = 0.0
   for i in range(0, len(sequences), batch_size):
     batch = sequences[i:i + batch_size]
@@ -86,12 +96,11 @@ def analyze_run(workdir: str, *, step: int | None = None, out: str | None = None
   with the run's tokenizer); ``variant`` applies NTK scaling or a window to the
   trained weights (:mod:`abspos_jax.variants`).
   """
-  if num_sequences < 2:
-    raise ValueError(f"--num_sequences must be >= 2 (the held-out estimators need two halves), got {num_sequences}")
+  _check_request(num_sequences, split)
   config, model, step = checkpoint.load_model(workdir, step)
   data_cfg = texts.data_config(config.data)
   out = out or storage.join(workdir, "analysis")
-  outputs.check_writable(out)
+  writer.check_writable(out)
   trained = config.data.seq_len
   seq_len = seq_len or trained
   if seq_len > trained:
@@ -107,7 +116,7 @@ def analyze_run(workdir: str, *, step: int | None = None, out: str | None = None
   meta = {"workdir": storage.absolute(workdir), "step": int(step), "data": data_cfg.name,
           "texts": _data_meta(data_cfg, split), "split": split, "variant": variant_meta,
           "options": dataclasses.asdict(options), "provenance": provenance.analysis(workdir)}
-  outputs.write(out, result.summary, result.stats, meta)
+  writer.write(out, result.summary, result.stats, meta)
   return result
 
 
@@ -128,8 +137,9 @@ def _previous(path: str, workdir: str, step: int, num_sequences: int, split: str
                                             True) else None
 
 
-def analyze_all_steps(workdir: str, *, out: str | None = None, num_sequences: int = NUM_SEQUENCES, split: str = "validation",
-                      seq_len: int | None = None, options: AnalysisOptions = AnalysisOptions()) -> list[dict]:
+def analyze_all_steps(workdir: str, *, out: str | None = None, num_sequences: int = NUM_SEQUENCES,
+                      split: str = "validation", seq_len: int | None = None,
+                      options: AnalysisOptions = AnalysisOptions()) -> list[dict]:
   """Analyse every kept checkpoint of ``workdir``; returns one ``curves.step_record`` per step.
 
   Writes ``OUT/step_<N>/`` (the full analysis of step N, as ``analyze_run``
@@ -148,7 +158,7 @@ def analyze_all_steps(workdir: str, *, out: str | None = None, num_sequences: in
   records = []
   for step in steps:
     step_out = storage.join(root, f"step_{step}")
-    summary = _previous(storage.join(step_out, outputs.MARKER), workdir, step, num_sequences, split, resolved_len,
+    summary = _previous(storage.join(step_out, writer.MARKER), workdir, step, num_sequences, split, resolved_len,
                         options)
     if summary is None:
       summary = analyze_run(workdir, step=step, out=step_out, num_sequences=num_sequences, split=split,
@@ -157,7 +167,7 @@ def analyze_all_steps(workdir: str, *, out: str | None = None, num_sequences: in
   if jax.process_index() == 0:
     curves.write_steps(root, records, workdir)
     if out is None:
-      with storage.directory(storage.join(workdir, "analysis"), ".analysis-", marker=outputs.MARKER) as tmp:
+      with storage.directory(storage.join(workdir, "analysis"), ".analysis-", marker=writer.MARKER) as tmp:
         storage.copy_tree(storage.join(root, f"step_{steps[-1]}"), tmp)
   return records
 
@@ -169,6 +179,27 @@ def _token(tok, tid: int | None) -> str | None:
 def default_hf_out(path: str) -> str:
   """Where ``analyze_hf`` writes by default: ``PATH/analysis`` for a directory, ``STEM-analysis`` beside a file."""
   return f"{os.path.splitext(path)[0]}-analysis" if os.path.isfile(path) else os.path.join(path, "analysis")
+
+
+def _token_stream(hf, tok, conv, data_cfg: ml_collections.ConfigDict, split: str) -> np.ndarray:
+  """The documents of ``split`` tokenised with ``tok``, separated by ``conv``'s EOS; an empty one is refused."""
+  prepared = builders.prepare_dataset(data_cfg)
+  source = prepared.source(split)
+  documents = (bytes(source[i][prepared.text_key]).decode("utf-8", errors="replace") for i in range(len(source)))
+  stream = hf.token_stream(tok, documents, conv.eos_id)
+  if not len(stream):
+    raise ValueError(f"the {split} split of data {data_cfg.name!r} holds no text")
+  return stream
+
+
+def _replacement_token(tok, token: int | None, options: AnalysisOptions, vocab_size: int) -> int:
+  """``bos_replace``'s "another token": ``token``, else the tokenizer's newline when it is one token."""
+  if token is None:
+    newline = tok.encode("\n", add_special_tokens=False).ids
+    token = newline[0] if len(newline) == 1 else options.bos_replace_token
+  if not 0 <= token < vocab_size:
+    raise ValueError(f"bos_replace_token {token} is not a token id of this model (vocab_size {vocab_size})")
+  return int(token)
 
 
 def analyze_hf(path: str, *, out: str | None = None, num_sequences: int = NUM_SEQUENCES, split: str = "validation",
@@ -197,12 +228,7 @@ def analyze_hf(path: str, *, out: str | None = None, num_sequences: int = NUM_SE
   """
   from abspos_jax.interop import hf
 
-  if num_sequences < 2:
-    raise ValueError(f"--num_sequences must be >= 2 (the held-out estimators need two halves), got {num_sequences}")
-  if split not in ("train", "validation"):
-    raise ValueError(f"--split must be train or validation, got {split!r}")
-  if main_policy not in (None, *BOS_POLICIES):
-    raise ValueError(f"--main_policy must be one of {', '.join(BOS_POLICIES)}, got {main_policy!r}")
+  _check_request(num_sequences, split, main_policy)
   ckpt = hf.Checkpoint(path)
   if seq_len is None:
     seq_len = min(128, ckpt.hf_config.get("max_position_embeddings") or 128)
@@ -214,23 +240,13 @@ def analyze_hf(path: str, *, out: str | None = None, num_sequences: int = NUM_SE
                                   vocab_size=config.model.vocab_size)
   data_cfg = texts.data_config(data_cfg or config.data)  # base defaults: stdlib_text
   out = out or default_hf_out(path)
-  outputs.check_writable(out)
-  prepared = builders.prepare_dataset(data_cfg)
-  source = prepared.source(split)
-  documents = (bytes(source[i][prepared.text_key]).decode("utf-8", errors="replace") for i in range(len(source)))
-  stream = hf.token_stream(tok, documents, conv.eos_id)
-  if not len(stream):
-    raise ValueError(f"the {split} split of data {data_cfg.name!r} holds no text")
+  writer.check_writable(out)
+  stream = _token_stream(hf, tok, conv, data_cfg, split)
   sequences = hf.analysis_sequences(stream, num_sequences=num_sequences, seq_len=seq_len, conv=conv,
                                     vocab_size=config.model.vocab_size)
   model = ckpt.model(config)
-  if bos_replace_token is None:
-    newline = tok.encode("\n", add_special_tokens=False).ids
-    bos_replace_token = newline[0] if len(newline) == 1 else options.bos_replace_token
-  if not 0 <= bos_replace_token < model.spec.vocab_size:
-    raise ValueError(f"bos_replace_token {bos_replace_token} is not a token id of this model "
-                     f"(vocab_size {model.spec.vocab_size})")
-  options = dataclasses.replace(options, bos_replace_token=int(bos_replace_token))
+  options = dataclasses.replace(options, bos_replace_token=_replacement_token(tok, bos_replace_token, options,
+                                                                              model.spec.vocab_size))
   main = main_policy or ("prepend" if conv.adds else "none")
   model, config, variant_meta = _with_variant(model, config, variant, sequences, main, options)
   result = analyze(model, sequences, main=main, options=options)
@@ -242,5 +258,5 @@ def analyze_hf(path: str, *, out: str | None = None, num_sequences: int = NUM_SE
                         "eos_id": conv.eos_id, "eos_token": _token(tok, conv.eos_id), "from": conv.source,
                         "main_policy": main, "stream_tokens": int(len(stream))},
           "options": dataclasses.asdict(options), "provenance": provenance.analysis()}
-  outputs.write(out, result.summary, result.stats, meta)
+  writer.write(out, result.summary, result.stats, meta)
   return result

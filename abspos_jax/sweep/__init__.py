@@ -34,7 +34,7 @@ from abspos_jax.sweep.cli import LAUNCHES, execute, main
 from abspos_jax.sweep.commands import Job, commands_text, jobs, sbatch_text, select, sweep_json
 from abspos_jax.sweep.local import local_env, run_local, run_logged
 from abspos_jax.sweep.spec import REPO, SEED_FIELD, Run, Sweep, SweepError, expand, name_part, run_name, sweep_defaults
-from abspos_jax.analysis.schema import ESTIMATORS
+from abspos_jax.analysis.outputs.schema import ESTIMATORS
 from abspos_jax.sweep.state import Decision, RunState, analysed_step, decide, latest_checkpoint_step, read_state
 
 __all__ = ["ESTIMATORS", "LAUNCHES", "REPO", "SEED_FIELD", "Decision", "Job", "Run", "RunState", "Sweep", "SweepError",

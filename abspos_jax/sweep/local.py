@@ -104,7 +104,7 @@ def _compare_all(sweep: Sweep, root: str, compare: Callable[[list[str], str], An
   if not analysed:
     return []
   if compare is None:
-    from abspos_jax.analysis.compare import compare
+    from abspos_jax.analysis.outputs.compare import compare
   out = storage.join(root, "comparison")
   try:
     compare(analysed, out)
@@ -121,7 +121,7 @@ def run_local(sweep: Sweep, selected: list[Job], root: str, *, runner: Runner = 
 
   Returns the failures (``"name: why"``); a failure does not stop the sweep.
   Afterwards, with analysis enabled, ``compare`` (default
-  ``abspos_jax.analysis.compare.compare``) runs over every analysed run of the
+  ``abspos_jax.analysis.outputs.compare.compare``) runs over every analysed run of the
   sweep into ``ROOT/comparison``.
   """
   root = storage.absolute(root)

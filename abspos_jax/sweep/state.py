@@ -6,7 +6,7 @@ from collections.abc import Sequence
 import ml_collections
 
 from abspos_jax import checkpoint, storage
-from abspos_jax.analysis import schema
+from abspos_jax.analysis.outputs import schema
 from abspos_jax import config as config_lib
 
 

@@ -4,7 +4,7 @@
 
 For each of ``comparison.json`` (4 layers) and ``comparison_L8.json`` (8
 layers) it groups the committed ``RUN.summary.json`` files as ``analyze.py
---compare`` grouped the runs, and writes through ``abspos_jax.analysis.family``
+--compare`` grouped the runs, and writes through ``abspos_jax.analysis.outputs.family``
 (what ``--compare`` calls): ``family.json`` / ``family_L8.json`` here and
 ``docs/figures/sinks_study{,_L8}_family_{layers,denominators,interventions,fingerprint}.png``,
 bands and error bars being 95% t-intervals over seeds.
@@ -15,7 +15,7 @@ import os
 import shutil
 import tempfile
 
-from abspos_jax.analysis import family
+from abspos_jax.analysis.outputs import family
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FIGURES = os.path.join(os.path.dirname(HERE), "figures")

@@ -4,7 +4,7 @@
 ``[K, L, ...]`` (sequence block, layer, ...), references ``ref [L, ...]`` and
 the sequence count ``n [K]``. The analysis pass folds each layer's
 ``[B, H, T, T]`` logits into its slice as soon as the layer has run
-(``analysis_pass.forward_folding``), so at most one layer's logits are alive;
+(``steps.forward_folding``), so at most one layer's logits are alive;
 ``n`` is added once per batch, after the last layer.
 """
 
@@ -15,7 +15,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from abspos_jax.analysis.fixed_effects import FEDesign
+from abspos_jax.analysis.estimators.fixed_effects import FEDesign
 
 
 def _axis(path: tuple) -> int | None:

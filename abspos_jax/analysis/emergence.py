@@ -4,7 +4,7 @@ With ``train.emergence`` (the default), :class:`EmergenceHook` runs at every
 ``train.eval_every`` step on a fixed batch of ``train.emergence_sequences``
 validation sequences (``data.eval_sequences`` under the run's ``data.bos``,
 the sequences ``analyze.py`` would take first). It is the analysis pass's core
-step (``analysis_pass.make_core_step``: one forward through the hook points,
+step (``steps.make_core_step``: one forward through the hook points,
 the denominator, leakage and position-0 accumulators) followed by
 ``run.finalize_core`` over all blocks (``keep=None``; ``AnalysisOptions.num_blocks``
 sequence blocks, as ``analyze.py``), the code ``analyze.py`` runs, traced into one jitted
@@ -44,10 +44,11 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from abspos_jax import data
-from abspos_jax.analysis import fixed_effects, schema
-from abspos_jax.analysis.analysis_pass import init_core, make_core_step
+from abspos_jax.analysis.estimators import fixed_effects
+from abspos_jax.analysis.outputs import schema
+from abspos_jax.analysis.passes.steps import init_core, make_core_step
 from abspos_jax.analysis.options import AnalysisOptions
-from abspos_jax.analysis.run import finalize_core, fingerprint_groups, layer_visible
+from abspos_jax.analysis.core import finalize_core, fingerprint_groups, layer_visible
 from abspos_jax.config import ConfigError
 from abspos_jax.model import ModelSpec
 

@@ -20,9 +20,13 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from abspos_jax.analysis import denominators, fixed_effects, intervals, interventions, leakage, schema, sinks
-from abspos_jax.analysis.analysis_pass import forward, make_intervention_step, sweep
-from abspos_jax.analysis.fixed_effects import FEDesign
+from abspos_jax.analysis.estimators import denominators, fixed_effects, intervals, leakage, sinks
+
+from abspos_jax.analysis.passes import edits
+
+from abspos_jax.analysis.outputs import schema
+from abspos_jax.analysis.passes.steps import forward, make_intervention_step, sweep
+from abspos_jax.analysis.estimators.fixed_effects import FEDesign
 from abspos_jax.analysis.options import AnalysisOptions
 from abspos_jax.model import Decoder
 
@@ -61,7 +65,7 @@ def sink_ablate_heads(sink: dict) -> tuple[np.ndarray, str]:
 
 
 def _pos0_source(model: Decoder, tokens: jax.Array, source: jax.Array) -> dict:
-  return interventions.pos0_patch(jnp.moveaxis(forward(model, source)["resid"][:, :, 0], 1, 0))
+  return edits.pos0_patch(jnp.moveaxis(forward(model, source)["resid"][:, :, 0], 1, 0))
 
 
 def registry(embed: jax.Array, main: str, other_policy: str | None, visible: jax.Array, sink: dict,
@@ -70,16 +74,16 @@ def registry(embed: jax.Array, main: str, other_policy: str | None, visible: jax
   holds a text token), the position-0 patch and the sink ablation."""
   out = []
   if main == "prepend":
-    for kind in interventions.BOS_REPLACEMENTS:
-      out.append(Intervention(f"bos_replace.{kind}", lambda mdl, t, src, kind=kind: interventions.bos_replace(
+    for kind in edits.BOS_REPLACEMENTS:
+      out.append(Intervention(f"bos_replace.{kind}", lambda mdl, t, src, kind=kind: edits.bos_replace(
           embed, kind, token=options.bos_replace_token)))
   source = (f"position-0 stream of the next sequence under bos={other_policy!r}" if other_policy else
             "position-0 stream of the next sequence")
   out.append(Intervention("pos0_patch", _pos0_source, info={"source": source}))
   heads, rule = sink_ablate_heads(sink)
-  cells = interventions.sink_cells(visible, heads)
+  cells = edits.sink_cells(visible, heads)
   out.append(Intervention(
-      "sink_ablate", lambda mdl, t, src: interventions.sink_ablate(heads),
+      "sink_ablate", lambda mdl, t, src: edits.sink_ablate(heads),
       design=fixed_effects.make_design(cells),  # the ablated heads normalise over the cells ...
       reference=fixed_effects.make_design(cells, keys=fixed_effects.layer_mask(visible)),  # ... and over key 0
       info={"heads": [[int(l), int(h)] for l, h in zip(*np.nonzero(heads))], "heads_rule": rule,

@@ -31,7 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from abspos_jax.analysis import schema
+from abspos_jax.analysis.outputs import schema
 
 
 def _cos(a: jax.Array, b: jax.Array) -> jax.Array:
@@ -125,10 +125,13 @@ def closedness_max_abs_diff(h_a: jax.Array, h_b: jax.Array) -> jax.Array:
   return jnp.abs(h_a[:, :, 0] - h_b[:, :, 0]).max((0, 2))
 
 
-def summarize(fin: dict[str, jax.Array]) -> dict:
+INTERVAL_KEYS = ()  # deterministic given the inputs: no interval
+
+
+def summarize(fin: dict[str, jax.Array], ci: dict) -> dict:
   """summary.json's ``position0`` from :func:`finalize`'s results (per layer, embedding output first)."""
-  return {"norm": schema.tolist(fin["pos0_norm"]), "norm_ratio": schema.tolist(fin["pos0_norm_ratio"]),
-          "cos_prev": schema.tolist(fin["pos0_cos_prev"])}
+  return {"position0": {"norm": schema.tolist(fin["pos0_norm"]), "norm_ratio": schema.tolist(fin["pos0_norm_ratio"]),
+                        "cos_prev": schema.tolist(fin["pos0_cos_prev"])}}
 
 
 def summarize_fingerprints(by_policy: dict[str, dict[str, jax.Array]]) -> dict:
@@ -145,7 +148,7 @@ def summarize_fingerprints(by_policy: dict[str, dict[str, jax.Array]]) -> dict:
   return out
 
 
-def arrays(fin: dict[str, jax.Array]) -> dict[str, np.ndarray]:
+def arrays(fin: dict[str, jax.Array], ci: dict) -> dict[str, np.ndarray]:
   """stats.npz's position-0 arrays, each ``[layer + 1]``."""
   return {name: np.asarray(fin[name]) for name in ("pos0_norm", "pos0_norm_ratio", "pos0_cos_prev",
                                                     "fingerprint_spread")}

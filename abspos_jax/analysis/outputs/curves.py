@@ -1,7 +1,7 @@
 """Emergence over training: the hook's curves against tokens, and the analysis of every kept checkpoint.
 
 * :func:`run_curves` reads the metrics that the training-time emergence hook
-  (``analysis/emergence_hook.py``) logs into ``metrics.jsonl``;
+  (``analysis/emergence.py``) logs into ``metrics.jsonl``;
   :func:`curves_figure` plots them against training tokens, one panel per
   quantity and one line per run (``analyze.py --compare`` writes it as
   ``emergence.png``).
@@ -20,8 +20,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from abspos_jax import storage  # noqa: E402
-from abspos_jax.analysis import schema  # noqa: E402
-from abspos_jax.analysis.figures import ci_errors  # noqa: E402
+from abspos_jax.analysis.outputs import schema  # noqa: E402
+from abspos_jax.analysis.outputs.figures import ci_errors  # noqa: E402
 from abspos_jax.metrics import read_metrics  # noqa: E402
 
 # (key in a run's curves, panel title); one panel each in emergence.png.

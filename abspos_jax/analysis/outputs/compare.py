@@ -16,7 +16,8 @@ import numpy as np
 
 from abspos_jax import config as config_lib
 from abspos_jax import provenance, storage
-from abspos_jax.analysis import curves, family, intervals, schema
+from abspos_jax.analysis.outputs import curves, family, schema
+from abspos_jax.analysis.estimators import intervals
 
 log = logging.getLogger("abspos_jax")
 
@@ -91,7 +92,7 @@ def group_key(config: dict) -> str:
 
 def compare(run_dirs: list[str], out: str) -> dict:
   """Write ``comparison.md``, ``comparison.json``, ``comparison.png``, the family figures and numbers
-  (``family.json``, ``family_*.png``, see :mod:`abspos_jax.analysis.family`) and, with curves,
+  (``family.json``, ``family_*.png``, see :mod:`abspos_jax.analysis.outputs.family`) and, with curves,
   ``emergence.png`` to ``out``."""
   groups: dict[str, list[dict]] = {}
   for d in run_dirs:

@@ -15,7 +15,7 @@ import jax
 import numpy as np
 
 from abspos_jax import storage
-from abspos_jax.analysis import figures, report
+from abspos_jax.analysis.outputs import figures, report
 
 
 MARKER = "summary.json"  # written last: an analysis directory with it is complete

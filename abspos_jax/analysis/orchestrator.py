@@ -1,16 +1,17 @@
 """The analysis API: ``analyze(model, sequences) -> AnalysisResult``.
 
 Two sweeps over the sequences. The baseline sweep runs
-:func:`analysis_pass.make_baseline_step` on the main BOS policy's sequences
+:func:`steps.make_baseline_step` on the main BOS policy's sequences
 (``prepend``: position 0 is BOS; ``none``: position 0 is a text token) and
-:func:`analysis_pass.make_position0_step` on the other's (its fingerprint of
+:func:`steps.make_position0_step` on the other's (its fingerprint of
 ``x_0``, loss and closedness: nothing else of it is reported). The
-intervention sweep (:mod:`intervention_effects`) reruns the main policy's
+intervention sweep (:mod:`estimators.effects`) reruns the main policy's
 sequences with each intervention and measures its change of each leakage
 component. Each estimator module writes its own part of summary.json and
-stats.npz (``summarize``, ``arrays``; the shared keys are in :mod:`schema`). Everything is
-a sum accumulated batch by batch on the device; ``finalize`` turns the sums
-into results.
+stats.npz (``summarize(fin, ci)``, ``arrays(fin, ci)``, iterated over
+``core.CORE`` and the probes; the shared keys are in :mod:`schema`).
+Everything is a sum accumulated batch by batch on the device; ``finalize``
+turns the sums into results (:mod:`abspos_jax.analysis.core`).
 """
 
 import dataclasses
@@ -23,16 +24,16 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from abspos_jax import masks
-from abspos_jax.config import BOS_POLICIES
-from abspos_jax.analysis import (denominators, fixed_effects, intervals, intervention_effects, leakage, memory,
-                                 position0, probes, schema, sinks)
-from abspos_jax.analysis.analysis_pass import (Statistic, init_accumulators, init_position0_pass, make_baseline_step,
-                                               make_position0_step, sweep)
-from abspos_jax.analysis.fixed_effects import FEDesign
+from abspos_jax.analysis import core
+from abspos_jax.analysis.estimators import effects, fixed_effects, intervals, position0, probes
+from abspos_jax.analysis.estimators.fixed_effects import FEDesign
 from abspos_jax.analysis.options import AnalysisOptions
+from abspos_jax.analysis.outputs import schema
+from abspos_jax.analysis.passes import memory
+from abspos_jax.analysis.passes.steps import (Statistic, init_accumulators, init_position0_pass, make_baseline_step,
+                                              make_position0_step, sweep)
+from abspos_jax.config import BOS_POLICIES
 from abspos_jax.model import Decoder, ModelSpec
-
 
 
 @dataclasses.dataclass
@@ -42,83 +43,6 @@ class AnalysisResult:
   summary: dict
   stats: dict[str, np.ndarray]
   user: dict[str, dict[str, np.ndarray]]
-
-
-def layer_visible(spec: ModelSpec, seq_len: int) -> jax.Array:
-  """``[T, T]`` when every layer has the same mask, else ``[L, T, T]``."""
-  windows = spec.layer_windows()
-  if len(set(windows)) == 1:
-    return masks.causal_mask(seq_len, windows[0])
-  return jnp.stack([masks.causal_mask(seq_len, w) for w in windows])
-
-
-def fingerprint_groups(sequences: Mapping[str, np.ndarray], vocab_size: int) -> tuple[int, np.ndarray]:
-  """One fingerprint group per first token that occurs: ``(num_groups, x0_groups int [vocab_size])``."""
-  first_tokens = np.unique(np.concatenate([np.asarray(t)[:, 0] for t in sequences.values()]))
-  x0_groups = np.zeros(vocab_size, np.int32)
-  x0_groups[first_tokens] = np.arange(len(first_tokens))
-  return len(first_tokens), x0_groups
-
-
-def finalize_core(acc: dict, visible: jax.Array, design: FEDesign,
-                  options: AnalysisOptions = AnalysisOptions(), keep: jax.Array | None = None
-                  ) -> dict[str, dict[str, jax.Array]]:
-  """Results of the core accumulators (``analysis_pass.init_core``) over the kept blocks; jittable.
-
-  Returns ``denominators`` (``denominators.finalize``), ``leakage``
-  (``leakage.finalize`` with ``options.early_max``), ``position0``
-  (``position0.finalize``) and ``sinks`` (``sinks.sink_statistics`` with
-  ``options.sink_min_query`` and ``options.sink_epsilon``).
-  """
-  den = denominators.finalize(acc["denominators"], visible, keep)
-  return {"denominators": den,
-          "leakage": leakage.finalize(acc["leakage"], design, keep, early_max=options.early_max),
-          "position0": position0.finalize(acc["position0"]),
-          "sinks": sinks.sink_statistics(den["sink_mass_half"], visible, min_query=options.sink_min_query,
-                                         epsilon=options.sink_epsilon)}
-
-
-# The numbers that carry an interval: (group, key) of finalize_core's results, plus the probes.
-_LEAKAGE_CI = tuple(f"{p}{k}{scope}" for p in ("", "early_")
-                    for k in ("share_mask", "share_res", "leakage_share", "var_phi", "var_mask", "var_res",
-                              "cov_mask", "cov_res")
-                    for scope in ("", "_layer", "_overall")) + tuple(
-                        f"leakage_{x}{scope}" for x in ("s", "loga") for scope in ("", "_layer", "_overall"))
-_SINKS_CI = ("sink_score", "sink_score_max", "sink_score_max_layer")
-
-
-def _jackknife_core(acc: dict, visible: jax.Array, design: FEDesign, options: AnalysisOptions) -> dict:
-  """:func:`intervals.evaluate` of every number in ``_LEAKAGE_CI``, ``_SINKS_CI`` and
-  ``denominators.LAYER_MEANS``."""
-  def estimates(keep, acc, visible, design):
-    fin = finalize_core(acc, visible, design, options, keep)
-    return {**{f"leakage.{k}": fin["leakage"][k] for k in _LEAKAGE_CI},
-            **{f"sinks.{k}": fin["sinks"][k] for k in _SINKS_CI},
-            **{f"denominators.{k}": fin["denominators"][k] for k in denominators.LAYER_MEANS}}
-
-  return intervals.evaluate(estimates, options.num_blocks, acc, visible, design)
-
-
-@functools.partial(jax.jit, static_argnames="ridge")
-def _finalize_probe(acc: dict, ridge: float) -> dict:
-  """``probes.finalize`` as one program (the caller waits for it before the next: see ``probes.finalize``)."""
-  return probes.finalize(acc, ridge=ridge)
-
-
-def _jackknife_probe(acc: dict, ridge: float, num_blocks: int) -> jax.Array:
-  return intervals.evaluate(lambda keep, acc: probes.finalize(acc, keep, ridge=ridge)["r2"], num_blocks, acc)
-
-
-def _jackknife_baseline(acc: dict, visible: jax.Array, design: FEDesign, options: AnalysisOptions) -> dict:
-  """The core numbers' and the probes' leave-one-block-out values.
-
-  Separate programs, one at a time: two batched LU solves running at once
-  deadlocked XLA CPU's intra-op pool (``probes.finalize``).
-  """
-  out = dict(_jackknife_core(acc, visible, design, options))
-  for name in probes.PROBES:
-    out[f"{name}.r2"] = _jackknife_probe(acc[name], options.probe_ridge, options.num_blocks)
-  return out
 
 
 def _check_inputs(spec: ModelSpec, sequences: Mapping[str, np.ndarray], main: str) -> None:
@@ -144,7 +68,7 @@ def _passes(model: Decoder, sequences: Mapping[str, np.ndarray], main: str, stat
   """
   spec, seq_len = model.spec, sequences[main].shape[1]
   graphdef, params = nnx.split(model, nnx.Param)
-  num_groups, x0_groups = fingerprint_groups(sequences, spec.vocab_size)
+  num_groups, x0_groups = core.fingerprint_groups(sequences, spec.vocab_size)
   # Donating the accumulators lets XLA update them in place rather than copy them every batch.
   baseline_step = jax.jit(make_baseline_step(graphdef, design, statistics, jnp.asarray(x0_groups),
                                              options.closedness_sequences), donate_argnums=1)
@@ -157,8 +81,8 @@ def _passes(model: Decoder, sequences: Mapping[str, np.ndarray], main: str, stat
   options, step_memory = _fit_batch_size(baseline_step, params, jax.eval_shape(init), sequences, options, held)
   acc = sweep(lambda a, t, s: baseline_step(params, a, t, s), init(), sequences[main], options.batch_size,
               f"analysis[{main}]", progress=options.progress)
-  finals = {main: {**jax.jit(finalize_core, static_argnames="options")(acc, visible, design, options),
-                   **{name: jax.block_until_ready(_finalize_probe(acc[name], options.probe_ridge))
+  finals = {main: {**jax.jit(core.finalize_core, static_argnames="options")(acc, visible, design, options),
+                   **{name: jax.block_until_ready(core.finalize_probe(acc[name], options.probe_ridge))
                       for name in probes.PROBES},
                    "acc": acc}}
   del acc
@@ -206,24 +130,20 @@ def analyze(model: Decoder, sequences: Mapping[str, np.ndarray], *, main: str = 
   statistics = dict(statistics or {})
   options.validate()
   _check_inputs(model.spec, sequences, main)
-  visible = layer_visible(model.spec, sequences[main].shape[1])
+  visible = core.layer_visible(model.spec, sequences[main].shape[1])
   design = fixed_effects.make_design(visible)
   finals, options, step_memory = _passes(model, sequences, main, statistics, visible, design, options)
   m = finals[main]
-  ci = intervals.summarize(_jackknife_baseline(m["acc"], visible, design, options), m["acc"]["leakage"]["n"])
-  summary = {**_header(model.spec, sequences, main, finals, options, step_memory),
-             "denominators": denominators.summarize(m["denominators"], ci), **leakage.summarize(ci),
-             "position0": position0.summarize(m["position0"]),
-             "fingerprint": position0.summarize_fingerprints({p: f["position0"] for p, f in finals.items()}),
-             **sinks.summarize(m["sinks"], ci), **probes.summarize(ci)}
-  stats = {"tokens": np.asarray(sequences[main]), **denominators.arrays(m["denominators"]),
-           **leakage.arrays(m["leakage"], ci), **position0.arrays(m["position0"]), **sinks.arrays(m["sinks"], ci),
-           **probes.arrays(ci)}
+  ci = intervals.summarize(core.jackknife_baseline(m["acc"], visible, design, options), m["acc"]["leakage"]["n"])
+  estimates, arrays = core.summarize({**m, "probes": None}, ci)
+  summary = {**_header(model.spec, sequences, main, finals, options, step_memory), **estimates,
+             "fingerprint": position0.summarize_fingerprints({p: f["position0"] for p, f in finals.items()})}
+  stats = {"tokens": np.asarray(sequences[main]), **arrays}
   for other in [p for p in sequences if p != main][:1]:
     stats["tokens_" + other] = np.asarray(sequences[other])
     stats["fingerprint_spread_" + other] = np.asarray(finals[other]["position0"]["fingerprint_spread"])
   if options.interventions:
-    summary["interventions"] = intervention_effects.run(model, sequences, main, visible, m, options)
+    summary["interventions"] = effects.run(model, sequences, main, visible, m, options)
   user = {name: jax.device_get(stat.finalize(m["acc"]["user"][name])) for name, stat in statistics.items()}
   return AnalysisResult(summary=summary, stats=stats, user=user)
 

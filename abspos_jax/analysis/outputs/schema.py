@@ -2,7 +2,7 @@
 
 Every estimator module writes its own section (``denominators.summarize``,
 ``leakage.summarize``, ``position0.summarize``, ``sinks.summarize``,
-``probes.summarize``, ``intervention_effects.run``); this module holds what
+``probes.summarize``, ``effects.run``); this module holds what
 the readers share: ``--compare`` (``compare.METRICS``), the family summary
 (``family.LAYER_KEYS``), ``report.md``, ``steps.json`` (``curves.step_record``),
 the sweep's skip logic (``sweep.state.analysed_step``) and the training-time
@@ -39,7 +39,7 @@ SINK_RATE = ("sink_rate",)  # [layer]
 SINK_SCORE_MAX = ("sink_score_max",)
 INTERVENTIONS = ("interventions",)
 BOS_REPLACE = ("interventions", "bos_replace")  # per replacement kind
-# The entries under INTERVENTIONS (``intervention_effects.registry``), as dotted paths.
+# The entries under INTERVENTIONS (``effects.registry``), as dotted paths.
 INTERVENTION_NAMES = ("bos_replace.mean", "bos_replace.token", "bos_replace.zeros", "bos_replace.random",
                       "pos0_patch", "sink_ablate")
 

@@ -31,7 +31,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from abspos_jax import storage
-from abspos_jax.analysis import intervals, schema
+from abspos_jax.analysis.estimators import intervals
+from abspos_jax.analysis.outputs import schema
 
 LAYER_KEYS = {
     "causal_mask": schema.CAUSAL_MASK_LAYER,

@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from abspos_jax.analysis import schema
+from abspos_jax.analysis.outputs import schema
 
 
 def scored_queries(visible: jax.Array, min_query: int) -> jax.Array:
@@ -50,6 +50,9 @@ def sink_statistics(sink_mass_half: jax.Array, visible: jax.Array, min_query: in
   return dict(sink_score=measure, sink_score_select=select, sink_heads=heads,
               sink_rate=heads.mean(-1, dtype=jnp.float32), sink_score_max_layer=top_layer,
               sink_score_max=measure.reshape(-1)[best])
+
+
+INTERVAL_KEYS = ("sink_score", "sink_score_max", "sink_score_max_layer")
 
 
 def summarize(fin: dict[str, jax.Array], ci: dict) -> dict:

@@ -30,7 +30,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from abspos_jax.analysis import fixed_effects as fe, layers, schema
+from abspos_jax.analysis.estimators import fixed_effects as fe
+
+from abspos_jax.analysis.passes import accumulators
+
+from abspos_jax.analysis.outputs import schema
 
 QUANTITIES = ("log_z", "excess", "entropy", "max_weight", "sink_mass")
 
@@ -94,15 +98,15 @@ def accumulate(acc: dict, stats: dict[str, jax.Array], seq_ids: jax.Array) -> di
   """Adds a batch's ``query_statistics`` (each ``[B, L, H, T]``), computed once by a caller that also uses them."""
   for layer in range(stats["log_z"].shape[1]):
     acc = accumulate_layer(acc, layer, {q: v[:, layer] for q, v in stats.items()}, seq_ids)
-  return layers.count(acc, seq_ids)
+  return accumulators.count(acc, seq_ids)
 
 
 def accumulate_layer(acc: dict, layer: int, stats: dict[str, jax.Array], seq_ids: jax.Array) -> dict:
   """Adds one layer's statistics (each ``[B, H, T]``) to ``acc``'s slice ``layer``.
 
-  ``n`` is left to :func:`layers.count`, once per batch.
+  ``n`` is left to :func:`accumulators.count`, once per batch.
   """
-  part = layers.view(acc, layer)
+  part = accumulators.view(acc, layer)
   num_blocks = acc["n"].shape[0]
   onehot = jax.nn.one_hot(seq_ids % num_blocks, num_blocks, dtype=jnp.float32)
   out = dict(n=part["n"])
@@ -113,7 +117,7 @@ def accumulate_layer(acc: dict, layer: int, stats: dict[str, jax.Array], seq_ids
     y = x - ref
     add = lambda a, v: a + jnp.einsum("bk,b...->k...", onehot, v, precision=fe.HIGHEST)  # noqa: E731
     out[q] = dict(s1=add(part[q]["s1"], y), s2=add(part[q]["s2"], y * y), ref=ref)
-  return layers.write(acc, layer, out)
+  return accumulators.write(acc, layer, out)
 
 
 
@@ -191,6 +195,7 @@ def _layer_means(den: dict[str, jax.Array], visible: jax.Array) -> dict[str, jax
 # summary.json's per-layer denominator means, each with a jackknife interval (``<name>_ci``).
 LAYER_MEANS = ("log_z_slope_layer", "excess_mean_layer", "entropy_mean_layer", "max_weight_mean_layer",
                "sink_mass_mean_layer")
+INTERVAL_KEYS = LAYER_MEANS  # the results that carry a jackknife interval
 
 
 def summarize(den: dict[str, jax.Array], ci: dict) -> dict:
@@ -199,12 +204,12 @@ def summarize(den: dict[str, jax.Array], ci: dict) -> dict:
   out = {"log_z_slope": schema.tolist(den["log_z_slope"])}
   for name in LAYER_MEANS:
     out.update(schema.with_ci(ci, f"denominators.{name}", name))
-  return out
+  return {"denominators": out}
 
 
-def arrays(den: dict[str, jax.Array]) -> dict[str, np.ndarray]:
+def arrays(den: dict[str, jax.Array], ci: dict) -> dict[str, np.ndarray]:
   """stats.npz's denominator arrays: ``log_visible [query]`` and each of :data:`QUANTITIES` (and ``_std``)
-  ``[layer, head, query]``."""
+  ``[layer, head, query]`` (none has an interval: ``ci`` is unused)."""
   out = {"log_visible": np.asarray(den["log_visible"])}
   for name in QUANTITIES:
     out[name], out[name + "_std"] = np.asarray(den[name]), np.asarray(den[name + "_std"])

@@ -10,7 +10,7 @@ import numpy as np  # noqa: E402
 
 
 def _save(fig, out_dir: str, name: str) -> str:
-  path = os.path.join(out_dir, name)  # out_dir is local: the temporary directory of outputs.write
+  path = os.path.join(out_dir, name)  # out_dir is local: the temporary directory of writer.write
   fig.tight_layout()
   fig.savefig(path, dpi=110)
   plt.close(fig)

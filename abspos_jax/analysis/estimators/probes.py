@@ -29,8 +29,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from abspos_jax.analysis import schema
-from abspos_jax.analysis.fixed_effects import HIGHEST
+from abspos_jax.analysis.outputs import schema
+from abspos_jax.analysis.estimators.fixed_effects import HIGHEST
 
 
 def rms_normalize(h: jax.Array, eps: float = 1e-12) -> jax.Array:
@@ -142,7 +142,7 @@ def finalize(acc: dict, keep: jax.Array | None = None, ridge: float = 1e-2) -> d
 PROBES = {"probe_resid": "residual_r2", "probe_attn": "attention_r2", "probe_attn_raw": "attention_raw_r2"}
 
 
-def summarize(ci: dict) -> dict:
+def summarize(fin: dict[str, jax.Array], ci: dict) -> dict:
   """summary.json's ``probes``: each probe's held-out R^2 per layer with its interval (``ci`` keys
   ``<probe>.r2``)."""
   out = {}
@@ -151,6 +151,6 @@ def summarize(ci: dict) -> dict:
   return {"probes": out}
 
 
-def arrays(ci: dict) -> dict[str, np.ndarray]:
+def arrays(fin: dict[str, jax.Array], ci: dict) -> dict[str, np.ndarray]:
   """stats.npz's probe arrays: ``<probe>_r2 [layer]``."""
   return {f"{probe}_r2": np.asarray(ci["value"][f"{probe}.r2"]) for probe in PROBES}

@@ -5,7 +5,7 @@ the log-weights ``log a_ij = s_ij - log Z_i`` on the cells (the visible keys).
 Everything is estimated from per-offset and per-query sums over observations
 (one observation per (sequence, i, j)), accumulated per *block* of sequences
 (block ``seq_id % K``; half ``block % 2``) so that cross-fitting and the
-jackknife intervals of :mod:`abspos_jax.analysis.intervals` need no second
+jackknife intervals of :mod:`abspos_jax.analysis.estimators.intervals` need no second
 pass. Accumulators are ``[K, L, H, T]``; nothing of shape ``[T, T]`` is kept.
 
 **Held-out leakage** of ``X`` in {s, loga}: ``R^2_A - R^2_B`` of the two-way
@@ -58,7 +58,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from abspos_jax.analysis import denominators, fixed_effects as fe, layers, schema
+from abspos_jax.analysis.estimators import denominators, fixed_effects as fe
+
+from abspos_jax.analysis.passes import accumulators
+
+from abspos_jax.analysis.outputs import schema
 
 SUMS = ("os", "qs", "qq", "qr")  # per offset, per query, per query of y^2, per query of y * ref
 _BASE = ("var_phi", "var_total", "cov_mask", "cov_res", "var_mask", "var_res")
@@ -200,7 +204,7 @@ def update(acc: dict, logits: jax.Array, log_z: jax.Array, seq_ids: jax.Array,
     design: ``fixed_effects.make_design(cells)`` with cells ``[T, T]``,
       ``[L, T, T]`` or ``[L, H, T, T]``.
 
-  The same as :func:`update_layer` for every layer, then :func:`layers.count`.
+  The same as :func:`update_layer` for every layer, then :func:`accumulators.count`.
   """
   zres, qstats = [], []
   for layer in range(logits.shape[1]):
@@ -208,7 +212,7 @@ def update(acc: dict, logits: jax.Array, log_z: jax.Array, seq_ids: jax.Array,
     zres.append(z)
     qstats.append(q)
   stacked = {k: jnp.stack([q[k] for q in qstats], 1) for k in qstats[0]}
-  return layers.count(acc, seq_ids), jnp.stack(zres, 1), stacked
+  return accumulators.count(acc, seq_ids), jnp.stack(zres, 1), stacked
 
 
 def _head_design(d: fe.FEDesign, head: jax.Array) -> fe.FEDesign:
@@ -226,11 +230,11 @@ def update_layer(acc: dict, layer: int, logits: jax.Array, log_z: jax.Array, seq
   """Folds one layer: ``logits [B, H, T, T]``, ``log_z [B, H, T]`` into ``acc``'s slice ``layer`` (static).
 
   Returns ``(acc, zres [B, H, T], qstats)`` (each ``[B, H, T]``). The sequence
-  count ``n`` is not touched: call :func:`layers.count` once per batch, after the last
+  count ``n`` is not touched: call :func:`accumulators.count` once per batch, after the last
   layer (the first batch's references are taken while ``n`` is still 0).
   """
-  part = layers.view(acc, layer)
-  d = layers.design(design, layer)
+  part = accumulators.view(acc, layer)
+  d = accumulators.design(design, layer)
   log_z = log_z.astype(jnp.float32)[:, None]
   logits = logits[:, None]
   num_blocks = acc["n"].shape[0]
@@ -252,7 +256,7 @@ def update_layer(acc: dict, layer: int, logits: jax.Array, log_z: jax.Array, seq
   out = {name: {**{k: add(part[name][k], sums[f"{name}_{k}"]) for k in SUMS}, "ref": ref}
          for name, ref in (("s", ref_s), ("loga", ref_l))}
   out.update(lz=add(part["lz"], sums["lz"]), zm=add(part["zm"], sums["zm"]), n=part["n"])
-  return layers.write(acc, layer, out), zres[:, 0], {k: v[:, 0] for k, v in qstats.items()}
+  return accumulators.write(acc, layer, out), zres[:, 0], {k: v[:, 0] for k, v in qstats.items()}
 
 
 
@@ -390,8 +394,17 @@ def _components(ci: dict) -> dict:
   return out
 
 
-def summarize(ci: dict) -> dict:
-  """summary.json's ``leakage`` and ``components`` from the jackknife summary ``ci`` (keys ``leakage.<name>``)."""
+# The results that carry a jackknife interval.
+INTERVAL_KEYS = tuple(f"{p}{k}{scope}" for p in ("", "early_")
+                      for k in ("share_mask", "share_res", "leakage_share", "var_phi", "var_mask", "var_res",
+                                "cov_mask", "cov_res")
+                      for scope in ("", "_layer", "_overall")) + tuple(
+                          f"leakage_{x}{scope}" for x in ("s", "loga") for scope in ("", "_layer", "_overall"))
+
+
+def summarize(fin: dict[str, jax.Array], ci: dict) -> dict:
+  """summary.json's ``leakage`` and ``components`` from the jackknife summary ``ci`` (keys ``leakage.<name>``;
+  every entry has an interval, so ``fin`` is unused)."""
   out = {}
   for key, name in (("logits", "s"), ("log_weights", "loga")):
     for scope in ("_layer", "_overall"):

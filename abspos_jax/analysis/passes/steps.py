@@ -21,12 +21,14 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from abspos_jax.analysis import denominators, layers, leakage, position0, probes
-from abspos_jax.analysis.fixed_effects import FEDesign
+from abspos_jax.analysis.estimators import denominators, leakage, position0, probes
+
+from abspos_jax.analysis.passes import accumulators
+from abspos_jax.analysis.estimators.fixed_effects import FEDesign
 from abspos_jax import hooks as hooks_lib
 from abspos_jax.hooks import Edit, Hooks
 from abspos_jax.model import Decoder
-from abspos_jax.train_step import lm_loss
+from abspos_jax.loss import lm_loss
 
 # Attention features the attention-pattern probe reads, per head.
 ATTENTION_FEATURES = ("log_z", "entropy", "sink_mass", "max_weight")
@@ -130,8 +132,8 @@ def fold_pass(model: Decoder, acc: dict, tokens: jax.Array, seq_ids: jax.Array, 
   start = {"leakage": acc["leakage"], "denominators": acc["denominators"], "zres": (), "qstats": ()}
   cap, state = forward_folding(model, tokens, fold, start, edits, extra_points)
   qstats = {k: jnp.stack([q[k] for q in state["qstats"]], 1) for k in state["qstats"][0]}
-  out = {**acc, "leakage": layers.count(state["leakage"], seq_ids),
-         "denominators": layers.count(state["denominators"], seq_ids)}
+  out = {**acc, "leakage": accumulators.count(state["leakage"], seq_ids),
+         "denominators": accumulators.count(state["denominators"], seq_ids)}
   return out, cap, jnp.stack(state["zres"], 1), qstats
 
 
@@ -183,7 +185,7 @@ def make_core_step(graphdef: nnx.GraphDef, design: FEDesign,
                    x0_groups: jax.Array | None = None):
   """``step(params, acc, tokens [B, T], seq_ids [B]) -> acc``: one forward, only the core statistics.
 
-  What the training-time emergence hook (``analysis/emergence_hook.py``) runs:
+  What the training-time emergence hook (``analysis/emergence.py``) runs:
   the baseline step without the closedness forward, the probes and the loss.
   """
   def step(params, acc, tokens, seq_ids):
