@@ -290,17 +290,21 @@ def fields_markdown() -> str:
   return "\n".join(lines) + "\n"
 
 
+def replace_between(path: str, begin: str, end: str, text: str) -> None:
+  """Rewrite the part of the file ``path`` between the marker lines ``begin`` and ``end`` with ``text``."""
+  with open(path) as f:
+    old = f.read()
+  head, rest = old.split(begin)
+  _, tail = rest.split(end)
+  with open(path, "w") as f:
+    f.write(f"{head}{begin}\n{text}\n{end}{tail}")
+
+
 def write_docs(repo: str) -> None:
   """Rewrite docs/config.md and README's key-field list from the declarations."""
   with open(os.path.join(repo, "docs", "config.md"), "w") as f:
     f.write(fields_markdown())
-  path = os.path.join(repo, "README.md")
-  with open(path) as f:
-    text = f.read()
-  head, rest = text.split(README_BEGIN)
-  _, tail = rest.split(README_END)
-  with open(path, "w") as f:
-    f.write(f"{head}{README_BEGIN}\n{key_fields_text()}\n{README_END}{tail}")
+  replace_between(os.path.join(repo, "README.md"), README_BEGIN, README_END, key_fields_text())
 
 
 if __name__ == "__main__":

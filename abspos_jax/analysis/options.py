@@ -19,7 +19,7 @@ from typing import Any
 import ml_collections
 from absl import flags as absl_flags
 
-from abspos_jax.config import BOS_POLICIES
+from abspos_jax.config import BOS_POLICIES, replace_between
 
 NUM_SEQUENCES = 256  # held-out sequences per BOS policy, unless told otherwise
 
@@ -161,13 +161,7 @@ DOCS_END = "<!-- /analyze.py flags -->"
 
 def write_docs(repo: str) -> None:
   """Rewrite the flag table of docs/analysis.md between its markers."""
-  path = os.path.join(repo, "docs", "analysis.md")
-  with open(path) as f:
-    text = f.read()
-  head, rest = text.split(DOCS_BEGIN)
-  _, tail = rest.split(DOCS_END)
-  with open(path, "w") as f:
-    f.write(f"{head}{DOCS_BEGIN}\n{markdown()}\n{DOCS_END}{tail}")
+  replace_between(os.path.join(repo, "docs", "analysis.md"), DOCS_BEGIN, DOCS_END, markdown())
 
 
 if __name__ == "__main__":
