@@ -581,3 +581,14 @@ def test_fingerprint_zero_when_position0_is_shared():
   np.testing.assert_array_equal(position0.closedness_max_abs_diff(h, h_b), 0.0)
   h_b[2, 1, 0, 3] += 0.5
   np.testing.assert_allclose(position0.closedness_max_abs_diff(h, h_b), [0.0, 0.5, 0.0])
+
+
+def test_probe_on_states_equal_up_to_rounding_reads_nothing():
+  """Large features identical across positions up to float32 rounding (one repeated token through a real LM):
+  constant by their relative scatter, so no weight on the rounding pattern and R^2 ~ 0, not -1e7."""
+  t, d = 32, 64
+  rng = np.random.default_rng(0)
+  base = rng.normal(size=d).astype(np.float32) * 8.0
+  f = base[None, None, None, :] * (1 + 1e-6 * rng.normal(size=(8, 1, t, d))).astype(np.float32)
+  out = probes.finalize(probes.update(probes.init(1, d, K), jnp.asarray(f, jnp.float32), jnp.arange(8)))
+  assert float(out["ridge_lambda"][0]) == np.float32(1e20) and abs(float(out["r2"][0])) < 1e-3

@@ -105,13 +105,19 @@ def finalize(acc: dict, keep: jax.Array | None = None, ridge: float = 1e-2) -> d
   yty = jnp.einsum("hk,lk->hl", halves, acc["yty"], precision=HIGHEST)
   p = g.shape[-1] - 1
 
-  def fit(g_fit: jax.Array, b_fit: jax.Array) -> tuple[jax.Array, jax.Array]:
+  def fit(g_fit: jax.Array, b_fit: jax.Array, ref: jax.Array) -> tuple[jax.Array, jax.Array]:
     n_fit = g_fit[:, -1, -1]
     mean = g_fit[:, :p, -1] / jnp.maximum(n_fit, 1.0)[:, None]
-    trace = jnp.trace(g_fit[:, :p, :p], axis1=-2, axis2=-1) - n_fit * (mean * mean).sum(-1)
-    # Features whose scatter is at float-rounding level (< 1e-10 per row) are constant: a huge lambda
-    # zeroes their weights, so that a probe cannot read position from rounding patterns.
-    lam = jnp.where(trace > 1e-10 * n_fit, ridge * trace / p, 1e20)
+    about_ref = jnp.trace(g_fit[:, :p, :p], axis1=-2, axis2=-1)
+    trace = about_ref - n_fit * (mean * mean).sum(-1)
+    # sum_i ||f_i||^2 of the features themselves (the Gram holds them about ref)
+    raw = about_ref + 2.0 * (ref * g_fit[:, :p, -1]).sum(-1) + n_fit * (ref * ref).sum(-1)
+    # Features whose scatter is at float-rounding level are constant: below 1e-10 per row, or below 1e-8
+    # of their own mean square (states identical up to rounding, e.g. one repeated token: float32 rounding
+    # leaves ~1e-12 of it). A huge lambda zeroes their weights, so that a probe cannot read position from
+    # rounding patterns.
+    varies = (trace > 1e-10 * n_fit) & (trace > 1e-8 * raw)
+    lam = jnp.where(varies, ridge * trace / p, 1e20)
     penalty = jnp.concatenate([jnp.ones((p,)), jnp.zeros((1,))])
     system = g_fit + lam[:, None, None] * jnp.diag(penalty)
     # Jacobi scaling: residual streams mix feature scales over orders of magnitude.
@@ -131,7 +137,8 @@ def finalize(acc: dict, keep: jax.Array | None = None, ridge: float = 1e-2) -> d
   # and blocks a pool thread until the parts are done, so two solves running at once on a 2-thread
   # pool waited on each other forever (gdb: both threads in LuDecomposition, jax 0.10).
   n_layers, size = g.shape[1], g.shape[-1]
-  theta, lam = fit(g.reshape(2 * n_layers, size, size), b.reshape(2 * n_layers, size))
+  theta, lam = fit(g.reshape(2 * n_layers, size, size), b.reshape(2 * n_layers, size),
+                   jnp.concatenate([acc["ref"], acc["ref"]]))
   (theta0, theta1), lam0 = theta.reshape(2, n_layers, size), lam[:n_layers]
   return dict(r2=(r2(theta0, g[1], b[1], yty[1]) + r2(theta1, g[0], b[0], yty[0])) / 2,
               r2_fit=(r2(theta0, g[0], b[0], yty[0]) + r2(theta1, g[1], b[1], yty[1])) / 2,
