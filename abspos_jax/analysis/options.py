@@ -38,6 +38,12 @@ class AnalysisOptions:
   num_blocks: int = 16  # sequence blocks (seq_id % num_blocks) of the cross-fit halves and the jackknife
   progress: bool = True
 
+  @classmethod
+  def from_dict(cls, d: dict) -> "AnalysisOptions":
+    """The options summary.json's ``meta.options`` records (defaults for fields it lacks, e.g. older ones)."""
+    known = {f.name for f in dataclasses.fields(cls)}
+    return cls(**{k: v for k, v in d.items() if k in known})
+
   def validate(self) -> None:
     """Raises ``ValueError`` naming the field for a value the estimators cannot use."""
     if self.batch_size < 1:

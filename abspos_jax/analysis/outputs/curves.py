@@ -22,11 +22,15 @@ import numpy as np  # noqa: E402
 from abspos_jax import storage  # noqa: E402
 from abspos_jax.analysis.outputs import schema  # noqa: E402
 from abspos_jax.analysis.outputs.figures import ci_errors  # noqa: E402
+from abspos_jax.analysis.options import AnalysisOptions  # noqa: E402
 from abspos_jax.metrics import read_metrics  # noqa: E402
+
+# The sink threshold of the emergence hook, which runs with the default options.
+EPS = AnalysisOptions.sink_epsilon
 
 # (key in a run's curves, panel title); one panel each in emergence.png.
 CURVES = (
-    ("sink_rate_max", "sink rate (eps 0.3), max over layers"),
+    ("sink_rate_max", f"sink rate (eps {EPS}), max over layers"),
     ("sink_score_max", "largest sink score of a head (held out)"),
     ("pos0_norm_ratio_last", "pos-0 / other norm ratio, last layer"),
     ("residual_stream_share", "residual-stream share (pooled)"),
@@ -121,7 +125,7 @@ def curves_figure(curves: dict[str, dict[str, list]], path: str) -> None:
   for ax in list(axes.flat)[len(CURVES):]:
     ax.axis("off")
   axes[0, 0].set_ylim(-0.05, 1.05)  # a fraction of heads
-  axes[0, 1].axhline(0.3, color="k", ls="--", lw=0.8)  # the sink-head threshold epsilon
+  axes[0, 1].axhline(EPS, color="k", ls="--", lw=0.8)  # the sink-head threshold epsilon
   handles, labels = axes[0, 0].get_legend_handles_labels()
   fig.suptitle("Emergence during training (fixed validation batch at every evaluation)")
   fig.tight_layout()
@@ -194,8 +198,8 @@ def write_steps(out: str, records: list[dict], workdir: str) -> None:
   _plot_ci(axes[2], step, records, "sink_score_max", "o-", label="largest sink score (held out)")
   axes[2].plot(step, [np.nanmax(_values(r["sink_rate"])) for r in records], "o--", ms=3,
                label="sink rate, max over layers")
-  axes[2].axhline(0.3, color="k", ls=":", lw=0.8)
-  axes[2].set_title("sinks (threshold 0.3 dotted)", fontsize=9)
+  axes[2].axhline(EPS, color="k", ls=":", lw=0.8)
+  axes[2].set_title(f"sinks (threshold {EPS} dotted)", fontsize=9)
   axes[2].legend(fontsize=7)
   if has_iv:
     mean = [r["bos_replace"]["mean"] for r in records]

@@ -32,6 +32,7 @@ import numpy as np
 
 from abspos_jax import storage
 from abspos_jax.analysis.estimators import intervals
+from abspos_jax.analysis.options import AnalysisOptions
 from abspos_jax.analysis.outputs import schema
 
 LAYER_KEYS = {
@@ -143,7 +144,7 @@ def _plt():
 
 
 LAYER_PANELS = (("residual_stream", "residual-stream share"), ("residual_stream_early", "residual-stream share, early"),
-                ("sink_rate", "sink rate (eps 0.3)"), ("pos0_norm_ratio", "pos-0 / other norm ratio"))
+                ("sink_rate", f"sink rate (eps {AnalysisOptions.sink_epsilon})"), ("pos0_norm_ratio", "pos-0 / other norm ratio"))
 DENOMINATOR_PANELS = (("log_z_slope", "slope of log Z on log|V(i)|"), ("excess", "excess log Z - log|V(i)| (nats)"),
                       ("max_weight", "max attention weight"), ("sink_mass", "weight on key 0 (queries that see it)"))
 

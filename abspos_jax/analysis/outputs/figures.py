@@ -8,6 +8,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from abspos_jax.analysis.options import AnalysisOptions  # noqa: E402
+
 
 def _save(fig, out_dir: str, name: str) -> str:
   path = os.path.join(out_dir, name)  # out_dir is local: the temporary directory of writer.write
@@ -69,7 +71,7 @@ def log_z_by_query(stats: dict, out_dir: str) -> str:
   return _save(fig, out_dir, "log_z.png")
 
 
-def sink_heatmap(stats: dict, summary: dict, out_dir: str) -> str:
+def sink_heatmap(stats: dict, summary: dict, out_dir: str, options: AnalysisOptions = AnalysisOptions()) -> str:
   """Held-out sink scores (``stats["sink_score"]``, odd blocks); the heads chosen on the even blocks boxed."""
   score = stats["sink_score"]
   num_layers, num_heads = score.shape
@@ -86,8 +88,8 @@ def sink_heatmap(stats: dict, summary: dict, out_dir: str) -> str:
   ax.set_xticks(range(score.shape[1]))
   ax.set_yticks(range(score.shape[0]))
   fig.colorbar(im, ax=ax, label="sink score (held out)")
-  ax.set_title("Mean a_i0 over queries i >= 4 that see key 0,\non the odd blocks; boxed: chosen on the even",
-               fontsize=8)
+  ax.set_title(f"Mean a_i0 over queries i >= {options.sink_min_query} that see key 0,\non the odd blocks; boxed: "
+               f"chosen on the even (above {options.sink_epsilon})", fontsize=8)
   return _save(fig, out_dir, "sink_mass.png")
 
 
@@ -122,7 +124,7 @@ def fingerprint(summary: dict, out_dir: str) -> str:
   return _save(fig, out_dir, "fingerprint.png")
 
 
-def components(summary: dict, out_dir: str) -> str:
+def components(summary: dict, out_dir: str, options: AnalysisOptions = AnalysisOptions()) -> str:
   c = summary["components"]
   num_layers = len(c["causal_mask"])
   # Side by side up to 12 layers; deeper models stack the two panels, each ~0.35 inch per layer.
@@ -130,7 +132,8 @@ def components(summary: dict, out_dir: str) -> str:
   fig, axes = plt.subplots(2 if deep else 1, 1 if deep else 2, sharey=True, squeeze=False,
                            figsize=(max(10, 0.35 * num_layers), 6.4) if deep else (10, 3.2))
   axes = axes.flat
-  for ax, suffix, title in ((axes[0], "", "all queries"), (axes[1], "_early", "early queries (1 <= i < 16)")):
+  for ax, suffix, title in ((axes[0], "", "all queries"),
+                            (axes[1], "_early", f"early queries (1 <= i < {options.early_max})")):
     mask, res = _values(c["causal_mask" + suffix]), _values(c["residual_stream" + suffix])
     x = np.arange(len(mask))
     ax.bar(x - 0.2, mask, 0.4, yerr=ci_errors(mask, c.get(f"causal_mask{suffix}_ci")), capsize=3,
@@ -180,8 +183,11 @@ def interventions(summary: dict, out_dir: str) -> str | None:
   return _save(fig, out_dir, "interventions.png")
 
 
-def all_figures(summary: dict, stats: dict, out_dir: str) -> list[str]:
-  """Write every figure into ``out_dir``; returns the file names."""
-  names = [log_z_by_query(stats, out_dir), sink_heatmap(stats, summary, out_dir), position0(summary, out_dir),
-           fingerprint(summary, out_dir), components(summary, out_dir), interventions(summary, out_dir)]
+def all_figures(summary: dict, stats: dict, out_dir: str, options: AnalysisOptions = AnalysisOptions()
+                ) -> list[str]:
+  """Write every figure into ``out_dir`` (titles state the ``options`` the analysis ran with); returns the file
+  names."""
+  names = [log_z_by_query(stats, out_dir), sink_heatmap(stats, summary, out_dir, options),
+           position0(summary, out_dir), fingerprint(summary, out_dir), components(summary, out_dir, options),
+           interventions(summary, out_dir)]
   return [n for n in names if n]

@@ -6,6 +6,7 @@ sequence blocks; ``[n/a]`` where the summary has none or it is not finite).
 """
 
 from abspos_jax import provenance
+from abspos_jax.analysis.options import AnalysisOptions
 
 
 def _f(x, digits: int = 3) -> str:
@@ -82,7 +83,7 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
           + ["| " + " | ".join(r) + " |" for r in rows])
 
 
-def _layer_tables(s: dict) -> list[str]:
+def _layer_tables(s: dict, early_max: int) -> list[str]:
   """The per-layer quantities, one row per layer: denominators and sinks, then leakage and probes, then the
   residual stream by depth (embedding output first)."""
   d, c, lk, pr, p0, fp = (s["denominators"], s["components"], s["leakage"], s["probes"], s["position0"],
@@ -103,8 +104,8 @@ def _layer_tables(s: dict) -> list[str]:
                     _cell(sinks, "sink_score_max_layer", l)] for l in range(num_layers)])
   lines += ["", "### Leakage and its components", "",
             "Held-out absolute-position R^2 gain of log a, the causal-mask and residual-stream shares of its "
-            "query-position effect (all queries, and early queries 1 <= i < 16), and the attention-feature probe "
-            "(the residual part of log Z).", ""]
+            f"query-position effect (all queries, and early queries 1 <= i < {early_max}), and the attention-feature "
+            "probe (the residual part of log Z).", ""]
   lines += _table(["layer", "leakage (log a)", "causal mask", "residual stream", "causal mask (early)",
                    "residual stream (early)", "probe R^2 (log Z)"],
                   [[str(l), _cell(lk, "log_weights_layer", l, 3), _cell(c, "causal_mask", l),
@@ -199,8 +200,8 @@ def _source_lines(meta: dict) -> list[str]:
 def render(summary: dict, meta: dict, figures: list[str]) -> str:
   s = summary
   L = s["num_layers"]
-  opts = meta.get("options", {})
-  eps, min_query = opts.get("sink_epsilon", 0.3), opts.get("sink_min_query", 4)
+  o = AnalysisOptions.from_dict(meta.get("options", {}))
+  eps, min_query = o.sink_epsilon, o.sink_min_query
   iv_info = s.get("intervals", {})
   texts = meta.get("texts") or {}
   lines = [
@@ -218,7 +219,7 @@ def render(summary: dict, meta: dict, figures: list[str]) -> str:
       "## Results", "",
       *_headlines(s, eps, min_query),
       "", "## Per layer",
-      *_layer_tables(s),
+      *_layer_tables(s, o.early_max),
   ]
   iv = s.get("interventions")
   if iv:

@@ -15,6 +15,7 @@ import jax
 import numpy as np
 
 from abspos_jax import storage
+from abspos_jax.analysis.options import AnalysisOptions
 from abspos_jax.analysis.outputs import figures, report
 
 
@@ -47,6 +48,6 @@ def write(out: str, summary: dict, stats: dict, meta: dict) -> None:
     with open(os.path.join(tmp, "summary.json"), "w") as f:
       json.dump({"meta": meta, **summary}, f, indent=1)
     np.savez_compressed(os.path.join(tmp, "stats.npz"), **stats)
-    names = figures.all_figures(summary, stats, tmp)
+    names = figures.all_figures(summary, stats, tmp, AnalysisOptions.from_dict(meta.get("options", {})))
     with open(os.path.join(tmp, "report.md"), "w") as f:
       f.write(report.render(summary, meta, names))
