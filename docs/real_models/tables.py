@@ -10,6 +10,8 @@ blocks, as analyze.py wrote it; "n/a" where summary.json gives no value.
 import json
 import os
 
+from abspos_jax.analysis.outputs import schema
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ORDER = ("prose-T128-bos", "prose-T128-nobos", "code-T128-bos", "repeated-T128", "prose-T512-bos",
          "prose-T512-bos-ntk4", "prose-T512-bos-w64", "mixed-T2048-bos")
@@ -75,9 +77,7 @@ def interventions(runs: dict) -> None:
     iv = s.get("interventions")
     if not iv:
       continue
-    rows = [(f"bos_replace[{k}]", v) for k, v in iv.get("bos_replace", {}).items() if isinstance(v, dict)]
-    rows += [(k, iv[k]) for k in ("pos0_patch", "sink_ablate") if isinstance(iv.get(k), dict)]
-    for label, r in rows:
+    for label, r in schema.intervention_rows(iv):
       cells = []
       for suffix in ("", "_early"):
         change = ci(r, f"residual_stream_change{suffix}", 4)

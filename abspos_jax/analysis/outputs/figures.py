@@ -9,6 +9,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from abspos_jax.analysis.options import AnalysisOptions  # noqa: E402
+from abspos_jax.analysis.outputs import schema  # noqa: E402
 
 
 def _save(fig, out_dir: str, name: str) -> str:
@@ -151,18 +152,12 @@ def components(summary: dict, out_dir: str, options: AnalysisOptions = AnalysisO
   return _save(fig, out_dir, "components.png")
 
 
-def intervention_rows(iv: dict) -> list[tuple[str, dict]]:
-  """``(name, entry)`` of every intervention that ran (``bos_replace`` kinds, ``pos0_patch``, ``sink_ablate``)."""
-  rows = [(f"bos_replace[{k}]", v) for k, v in iv.get("bos_replace", {}).items() if isinstance(v, dict)]
-  return rows + [(k, iv[k]) for k in ("pos0_patch", "sink_ablate") if isinstance(iv.get(k), dict)]
-
-
 def interventions(summary: dict, out_dir: str) -> str | None:
   """The change (after - before, nats^2) of each pooled component per intervention, with its interval."""
   iv = summary.get("interventions")
   if not iv:
     return None
-  rows = intervention_rows(iv)
+  rows = schema.intervention_rows(iv)
   if not rows:
     return None
   fig, axes = plt.subplots(1, 2, figsize=(11, 3.6))

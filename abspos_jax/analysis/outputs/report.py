@@ -7,6 +7,7 @@ sequence blocks; ``[n/a]`` where the summary has none or it is not finite).
 
 from abspos_jax import provenance
 from abspos_jax.analysis.options import AnalysisOptions
+from abspos_jax.analysis.outputs import schema
 
 
 def _f(x, digits: int = 3) -> str:
@@ -35,8 +36,7 @@ def _interventions(iv: dict) -> list[str]:
            "paper reports about 0.4 of the residual-stream component removed at early queries by BOS replacement.",
            "", "| intervention | causal mask | residual stream | causal mask (early) | residual stream (early) |",
            "|---|---|---|---|---|"]
-  rows = [(f"bos_replace[{k}]", v) for k, v in iv.get("bos_replace", {}).items() if isinstance(v, dict)]
-  rows += [(k, iv[k]) for k in ("pos0_patch", "sink_ablate") if isinstance(iv.get(k), dict)]
+  rows = schema.intervention_rows(iv)
   reasons = []
   for name, r in rows:
     cells = []

@@ -43,6 +43,13 @@ BOS_REPLACE = ("interventions", "bos_replace")  # per replacement kind
 INTERVENTION_NAMES = ("bos_replace.mean", "bos_replace.token", "bos_replace.zeros", "bos_replace.random",
                       "pos0_patch", "sink_ablate")
 
+def intervention_rows(iv: dict) -> list[tuple[str, dict]]:
+  """``(label, entry)`` of every intervention of summary.json's ``interventions`` that ran (``bos_replace``
+  kinds as ``bos_replace[kind]``, ``pos0_patch``, ``sink_ablate``), in that order."""
+  rows = [(f"bos_replace[{k}]", v) for k, v in iv.get("bos_replace", {}).items() if isinstance(v, dict)]
+  return rows + [(k, iv[k]) for k in ("pos0_patch", "sink_ablate") if isinstance(iv.get(k), dict)]
+
+
 # The emergence hook's metrics.jsonl keys, the summary.json path of the same number, and the key of
 # ``leakage.finalize`` / ``sinks.sink_statistics`` it comes from (the hook logs per-layer lists as ``_l{l}``).
 HOOK_METRICS = {
