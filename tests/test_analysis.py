@@ -259,8 +259,14 @@ def test_interventions_with_known_answers():
       assert abs(entry[key]) < 1e-6, (key, entry[key])
       lo, hi = entry[key + "_ci"]
       assert lo <= entry[key] <= hi
-    for key in ("causal_mask_removed", "residual_stream_removed"):
-      assert entry[key] is None or abs(entry[key]) < 1e-4
+    for comp in ("causal_mask", "residual_stream"):
+      removed, (lo, hi) = entry[f"{comp}_removed"], entry[f"{comp}_before_ci"]
+      if removed is None:  # only where the component before is not clearly non-zero, and then with the reason
+        assert entry[f"{comp}_removed_reason"]
+      else:
+        assert abs(removed) < 1e-4 and (lo > 0 or hi < 0), (comp, removed, lo, hi)
+      if lo <= 0 <= hi:
+        assert removed is None
   heads = iv["sink_ablate"]["heads"]
   assert [l for l, _ in heads] == [0, 1]  # no head reads the sink: the top head of each layer
   # Layer 0 sees only the embeddings: its other heads keep their sink mass, the ablated one has none.
@@ -335,7 +341,10 @@ def test_cli_writes_every_output(run_dir, tmp_path):
   cmp = subprocess.run([sys.executable, "analyze.py", "--compare", str(out), str(out), f"--out={tmp_path / 'cmp'}"],
                        cwd=ROOT, capture_output=True, text=True, timeout=300)
   assert cmp.returncode == 0, cmp.stderr[-2000:]
-  assert "| 2 |" in (tmp_path / "cmp" / "comparison.md").read_text()
+  rows = [l.split(" | ") for l in (tmp_path / "cmp" / "comparison.md").read_text().splitlines()
+          if l.startswith("| ") and not l.startswith("| group")]
+  assert len(rows) == 1 and rows[0][1] == "2", rows  # the run twice: one group of two
+  assert rows[0][2] == f"{s['loss'][s['main_policy']]:.3f} ± 0.000"  # its loss, no spread
 
 
 def test_cli_bad_inputs_write_nothing(run_dir, tmp_path):
