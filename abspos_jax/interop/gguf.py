@@ -66,7 +66,6 @@ _TOKEN_IDS = {"bos_token_id": "bos_token_id", "eos_token_id": "eos_token_id",
 class GGUFInfo:
   """What summary.json records of a GGUF file: its architecture, file type and tensor types."""
 
-  path: str
   architecture: str
   name: str | None
   file_type: str | None
@@ -258,7 +257,7 @@ def tensors(reader, arch: str, family: str, hf_names: Iterable[str], num_layers:
   return out
 
 
-def tensor_info(reader, meta: Mapping[str, Any], path: str) -> GGUFInfo:
+def tensor_info(reader, meta: Mapping[str, Any]) -> GGUFInfo:
   import gguf
 
   file_type = meta.get("general.file_type")
@@ -266,7 +265,7 @@ def tensor_info(reader, meta: Mapping[str, Any], path: str) -> GGUFInfo:
     file_type = gguf.LlamaFileType(file_type).name if file_type is not None else None
   except ValueError:
     file_type = str(file_type)
-  return GGUFInfo(path=os.path.abspath(path), architecture=str(meta.get("general.architecture")),
+  return GGUFInfo(architecture=str(meta.get("general.architecture")),
                   name=meta.get("general.name"), file_type=file_type,
                   tensor_types=dict(sorted(Counter(t.tensor_type.name for t in reader.tensors).items())))
 

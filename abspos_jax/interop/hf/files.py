@@ -84,7 +84,7 @@ class Checkpoint:
     out = {"format": self.format, "path": os.path.abspath(self.path),
            "files": {os.path.basename(f): provenance.file_fingerprint(f) for f in files}}
     if self.file:
-      out.update(gguf.tensor_info(self._reader, self._meta, self.file).as_meta())
+      out.update(gguf.tensor_info(self._reader, self._meta).as_meta())
     return out
 
 
