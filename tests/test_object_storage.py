@@ -142,6 +142,10 @@ def test_train_in_a_bucket_resumes_identically_after_kill_9(bucket, tmp_path):
   assert checkpoint.saved_steps(work) == [4, 8, 12]  # keep=1 plus every 4th step, as on a local disk
   assert storage.read_json(f"{work}/config.json")["train"]["steps"] == 12
   assert any(storage.path(f"{work}/tensorboard").iterdir())
+  # provenance in the bucket: the start and every resume after a kill, each naming the code
+  events = storage.read_json(f"{work}/provenance.json")
+  assert events[0]["event"] == "train" and {e["event"] for e in events[1:]} == {"resume"} and len(events) >= 2
+  assert all(e["code"]["git_commit"] for e in events)
 
 
 @pytest.fixture(scope="module")
@@ -229,4 +233,6 @@ def test_two_processes_write_one_run_to_a_bucket(bucket, tmp_path):
   assert checkpoint.saved_steps(work) == [2, 4]
   r = two_processes("analyze.py", f"--workdir={work}", "--num_sequences=8", "--batch_size=4", "--skip_interventions")
   assert "[p0] wrote" in r.stdout and "[p1] wrote" not in r.stdout, r.stdout[-2000:]
-  assert storage.read_json(f"{work}/analysis/summary.json")["meta"]["step"] == 4
+  meta = storage.read_json(f"{work}/analysis/summary.json")["meta"]
+  assert meta["step"] == 4 and meta["provenance"]["analysis"]["machine"]["process_count"] == 2
+  assert [e["event"] for e in meta["provenance"]["training"]] == ["train", "resume"]
