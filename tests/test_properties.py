@@ -13,6 +13,9 @@ from abspos_jax.rope import apply_rope
 SETTINGS = settings(max_examples=25, deadline=None)
 JITTED = settings(max_examples=6, deadline=None)  # each new shape compiles the estimator
 windows = st.one_of(st.none(), st.integers(1, 12))
+# Shapes for the estimators: a few, so that examples reuse compiled programs (values still vary freely).
+small_t = st.sampled_from([4, 7, 9])
+small_windows = st.sampled_from([None, 3, 6])
 
 
 @SETTINGS
@@ -60,7 +63,7 @@ def test_masked_softmax_is_normalised_and_safe(b, h, t, window, scale, seed):
 
 
 @JITTED
-@given(n=st.integers(2, 6), layers=st.integers(1, 2), heads=st.integers(1, 2), t=st.integers(2, 9), window=windows,
+@given(n=st.sampled_from([2, 5]), layers=st.integers(1, 2), heads=st.integers(1, 2), t=small_t, window=small_windows,
        seed=st.integers(0, 2**16))
 def test_denominator_means_match_numpy(n, layers, heads, t, window, seed):
   vis = masks.causal_mask(t, window)
@@ -75,7 +78,7 @@ def test_denominator_means_match_numpy(n, layers, heads, t, window, seed):
 
 
 @JITTED
-@given(t=st.integers(4, 9), window=st.one_of(st.none(), st.integers(3, 9)), seed=st.integers(0, 2**16))
+@given(t=small_t, window=small_windows, seed=st.integers(0, 2**16))
 def test_component_shares_are_defined_and_ignore_per_query_constants(t, window, seed):
   """Random logits (absolute position everywhere): the shares exist, sum to 1, and do not move when every
   logit of a query gets the same constant (the softmax, so log a, cannot see it)."""
@@ -84,14 +87,15 @@ def test_component_shares_are_defined_and_ignore_per_query_constants(t, window, 
   s = 2.0 * jax.random.normal(key_s, (8, 1, 2, t, t))
   design = fixed_effects.make_design(vis)
 
+  @jax.jit
   def shares(logits):
     log_z = jax.nn.logsumexp(jnp.where(vis, logits, -jnp.inf), -1)
     acc, *_ = leakage.update(leakage.init(1, 2, t, 2), logits, log_z, jnp.arange(8), design)
     fin = leakage.finalize(acc, design)
-    return np.asarray(fin["share_mask"]), np.asarray(fin["share_res"])
+    return fin["share_mask"], fin["share_res"]
 
-  mask, res = shares(s)
+  mask, res = (np.asarray(x) for x in shares(s))
   assert np.isfinite(mask).all() and np.isfinite(res).all()
   np.testing.assert_allclose(mask + res, 1.0, atol=1e-4)
   shifted = s + 5.0 * jax.random.normal(key_c, (8, 1, 2, t, 1))
-  np.testing.assert_allclose(shares(shifted), (mask, res), atol=1e-3)
+  np.testing.assert_allclose(np.asarray(shares(shifted)), np.stack([mask, res]), atol=1e-3)
