@@ -13,6 +13,12 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
   os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="abspos-jax-cache-")
   atexit.register(shutil.rmtree, os.environ["JAX_COMPILATION_CACHE_DIR"], ignore_errors=True)
 
+# Runs that several test modules read (helpers.shared_run) are built once per test run, in a directory every
+# xdist worker sees (inherited like the cache above); removed at exit.
+if "ABSPOS_TEST_SHARED" not in os.environ:
+  os.environ["ABSPOS_TEST_SHARED"] = tempfile.mkdtemp(prefix="abspos-jax-shared-")
+  atexit.register(shutil.rmtree, os.environ["ABSPOS_TEST_SHARED"], ignore_errors=True)
+
 import jax  # noqa: E402
 import pytest  # noqa: E402
 

@@ -13,7 +13,8 @@ from abspos_jax import checkpoint, storage
 from abspos_jax import sweep as sweep_lib
 from abspos_jax.metrics import read_metrics
 from gcs_emulator import Emulator
-from helpers import ROOT, TINY, command, losses, sweep_cfg, two_seed_sweep, wait_for
+from helpers import (ROOT, TINY, MESH_RUN as MESH, assert_same, command, losses, multihost_reference, records, sweep_cfg,
+                     two_processes, two_seed_sweep, wait_for)
 
 
 @pytest.fixture(scope="module")
@@ -220,16 +221,14 @@ def test_seeds_trained_together_into_a_bucket_match_a_local_disk(bucket, tmp_pat
 @pytest.mark.slow
 def test_two_processes_write_one_run_to_a_bucket(bucket, tmp_path):
   """2 JAX processes x 4 devices train, resume and analyse in the bucket; only process 0 writes the run's files."""
-  from test_multihost import RUN as MESH, assert_same, one_process, records, two_processes
-
-  one_process("train.py", f"--workdir={tmp_path / 'one'}", *MESH)
+  reference = multihost_reference()
   work = f"{bucket}/multi/run"
   two_processes("train.py", f"--workdir={work}", *MESH, "--config.train.stop_at_step=2")
   assert checkpoint.saved_steps(work) == [2] and not partial_save(work)
   r = two_processes("train.py", f"--workdir={work}", *MESH)
   assert "[p0] resumed from step 2" in r.stdout and "[p1] resumed from step 2" in r.stdout, r.stdout[-2000:]
   assert [m["step"] for m in read_metrics(work)] == [1, 2, 3, 4]  # one record per step: process 0's
-  assert_same(records(work), records(tmp_path / "one"))
+  assert_same(records(work), records(reference))
   assert checkpoint.saved_steps(work) == [2, 4]
   r = two_processes("analyze.py", f"--workdir={work}", "--num_sequences=8", "--batch_size=4", "--skip_interventions")
   assert "[p0] wrote" in r.stdout and "[p1] wrote" not in r.stdout, r.stdout[-2000:]

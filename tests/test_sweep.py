@@ -196,7 +196,7 @@ def test_slurm_script_selects_line_k_plus_one_for_task_k(tmp_path):
   (tmp_path / "commands.sh").write_text(sweep_lib.commands_text(jobs))
   script = sweep_lib.sbatch_text(s, str(tmp_path), len(jobs))
   head = [line for line in script.splitlines() if line.startswith("#SBATCH")]
-  assert f"#SBATCH --array=0-3%2" in head
+  assert "#SBATCH --array=0-3%2" in head
   assert f"#SBATCH --output={tmp_path}/logs/%A_%a.out" in head
   assert {"#SBATCH --partition=gpu", "#SBATCH --mem=16G", "#SBATCH --gpus-per-task=1", "#SBATCH --time=04:00:00",
           "#SBATCH --cpus-per-task=8"} <= set(head)
