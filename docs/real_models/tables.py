@@ -14,7 +14,7 @@ from abspos_jax.analysis.outputs import schema
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ORDER = ("prose-T128-bos", "prose-T128-nobos", "code-T128-bos", "repeated-T128", "prose-T512-bos",
-         "prose-T512-bos-ntk4", "prose-T512-bos-w64", "mixed-T2048-bos")
+         "prose-T512-bos-ntk4", "prose-T512-bos-w64")
 
 
 def get(s: dict, path: str):
@@ -53,76 +53,69 @@ def load() -> dict[str, dict]:
   return out
 
 
-def overview(runs: dict) -> None:
-  print("| run | main policy | loss (BOS / no BOS) | sink heads (of 270) | layers with sink heads | best held-out sink "
-        "score | leakage of log a | causal-mask share | residual-stream share | early residual-stream share | "
-        "widest residual-probe interval |")
-  print("|" + "---|" * 11)
+Table = tuple[list[str], list[list[str]]]  # header, rows
+
+
+def overview(runs: dict) -> Table:
+  header = ["run", "main policy", "loss (BOS / no BOS)", "sink heads (of 270)", "layers with sink heads",
+            "best held-out sink score", "leakage of log a", "causal-mask share", "residual-stream share",
+            "early residual-stream share", "widest residual-probe interval"]
+  rows = []
   for name, s in runs.items():
-    heads = s["sink_heads"]
-    probe = s["probes"]["residual_r2_ci"]
-    widest = max(hi - lo for lo, hi in probe)
-    loss = s["loss"]
-    print(f"| {name} | {s['main_policy']} | {loss.get('prepend', float('nan')):.3f} / {loss['none']:.3f} | "
-          f"{len(heads)} | {ranges(sorted({l for l, _ in heads}))} | {ci(s, 'sink_score_max')} | "
-          f"{ci(s, 'leakage.log_weights_overall')} | {ci(s, 'components.pooled.causal_mask')} | "
-          f"{ci(s, 'components.pooled.residual_stream')} | {ci(s, 'components.pooled_early.residual_stream')} | "
-          f"{widest:.3f} |")
+    heads, loss = s["sink_heads"], s["loss"]
+    widest = max(hi - lo for lo, hi in s["probes"]["residual_r2_ci"])
+    rows.append([name, s["main_policy"], f"{loss.get('prepend', float('nan')):.3f} / {loss['none']:.3f}",
+                 str(len(heads)), ranges(sorted({l for l, _ in heads})), ci(s, "sink_score_max"),
+                 ci(s, "leakage.log_weights_overall"), ci(s, "components.pooled.causal_mask"),
+                 ci(s, "components.pooled.residual_stream"), ci(s, "components.pooled_early.residual_stream"),
+                 f"{widest:.3f}"])
+  return header, rows
 
 
-def interventions(runs: dict) -> None:
-  print("| run | intervention | residual-stream component: change (nats^2) / removed, pooled | early queries |")
-  print("|---|---|---|---|")
+def interventions(runs: dict) -> Table:
+  rows = []
   for name, s in runs.items():
-    iv = s.get("interventions")
-    if not iv:
-      continue
-    for label, r in schema.intervention_rows(iv):
-      cells = []
-      for suffix in ("", "_early"):
-        change = ci(r, f"residual_stream_change{suffix}", 4)
-        removed = ci(r, f"residual_stream_removed{suffix}", 2)
-        cells.append(f"{change} / {removed}")
-      print(f"| {name} | {label} | {cells[0]} | {cells[1]} |")
+    for label, r in schema.intervention_rows(s.get("interventions") or {}):
+      cells = [f"{ci(r, 'residual_stream_change' + x, 4)} / {ci(r, 'residual_stream_removed' + x, 2)}"
+               for x in ("", "_early")]
+      rows.append([name, label, *cells])
+  return ["run", "intervention", "residual-stream component: change (nats^2) / removed, pooled", "early queries"], rows
 
 
-def depth_profile(runs: dict) -> None:
+def depth_profile(runs: dict) -> Table:
   """The residual-stream share by thirds of depth: does it grow with depth (claim 3)?"""
-  print("| run | position | held-out loss (unmodified) | residual share, layers 0-9 | 10-19 | 20-29 | pooled | sink "
-        "heads |")
-  print("|---|---|---|---|---|---|---|---|")
+  rows = []
   for name, s in runs.items():
     if "T512" not in name:
       continue
     res = s["components"]["residual_stream"]
     thirds = [sum(res[i:i + 10]) / 10 for i in (0, 10, 20)]
-    variant = s["meta"].get("variant") or {}
-    unmodified = variant.get("loss_unmodified")
+    unmodified = (s["meta"].get("variant") or {}).get("loss_unmodified")
     loss = f"{s['loss'][s['main_policy']]:.3f}" + (f" ({unmodified:.3f})" if unmodified is not None else "")
-    print(f"| {name} | {s['position']} | {loss} | {thirds[0]:.3f} | {thirds[1]:.3f} | {thirds[2]:.3f} | "
-          f"{ci(s, 'components.pooled.residual_stream')} | {len(s['sink_heads'])} |")
+    rows.append([name, s["position"], loss, *(f"{t:.3f}" for t in thirds),
+                 ci(s, "components.pooled.residual_stream"), str(len(s["sink_heads"]))])
+  return ["run", "position", "held-out loss (unmodified)", "residual share, layers 0-9", "10-19", "20-29", "pooled",
+          "sink heads"], rows
 
 
-def sink_rates(runs: dict) -> None:
-  print("| run | sink rate, layers 0-2 | 3-9 | 10-11 | 12-29 |")
-  print("|---|---|---|---|---|")
+def sink_rates(runs: dict) -> Table:
+  rows = []
   for name, s in runs.items():
     r = s["sink_rate"]
-    mean = lambda a, b: sum(r[a:b]) / (b - a)  # noqa: E731
-    print(f"| {name} | {mean(0, 3):.2f} | {mean(3, 10):.2f} | {mean(10, 12):.2f} | {mean(12, 30):.2f} |")
+    rows.append([name] + [f"{sum(r[a:b]) / (b - a):.2f}" for a, b in ((0, 3), (3, 10), (10, 12), (12, 30))])
+  return ["run", "sink rate, layers 0-2", "3-9", "10-11", "12-29"], rows
 
 
-def fingerprints(runs: dict) -> None:
-  print("| run | closedness (max change of h_0) | BOS fingerprint spread (max over depth) | no-BOS spread (max) | "
-        "distinct x_0 | position-0 norm ratio (max) |")
-  print("|---|---|---|---|---|---|")
+def fingerprints(runs: dict) -> Table:
+  rows = []
   for name, s in runs.items():
     fp = s["fingerprint"]
-    bos = max(fp["bos"]) if "bos" in fp else None
-    nobos = max(fp["no_bos"]) if "no_bos" in fp else None
-    print(f"| {name} | {s['closedness_max_abs_diff']:.3g} | {'n/a' if bos is None else f'{bos:.3g}'} | "
-          f"{'n/a' if nobos is None else f'{nobos:.3f}'} | {fp.get('no_bos_num_groups', 'n/a')} | "
-          f"{max(v for v in s['position0']['norm_ratio'] if v is not None):.1f} |")
+    bos = f"{max(fp['bos']):.3g}" if "bos" in fp else "n/a"
+    nobos = f"{max(fp['no_bos']):.3f}" if "no_bos" in fp else "n/a"
+    rows.append([name, f"{s['closedness_max_abs_diff']:.3g}", bos, nobos, str(fp.get("no_bos_num_groups", "n/a")),
+                 f"{max(v for v in s['position0']['norm_ratio'] if v is not None):.1f}"])
+  return ["run", "closedness (max change of h_0)", "BOS fingerprint spread (max over depth)", "no-BOS spread (max)",
+          "distinct x_0", "position-0 norm ratio (max)"], rows
 
 
 def main() -> None:
@@ -130,8 +123,11 @@ def main() -> None:
   for title, table in (("Overview", overview), ("Sink rate by depth", sink_rates),
                        ("Position 0", fingerprints), ("Interventions", interventions),
                        ("Variants at 512 tokens", depth_profile)):
+    header, rows = table(runs)
     print(f"\n### {title}\n")
-    table(runs)
+    print("| " + " | ".join(header) + " |\n|" + "---|" * len(header))
+    for r in rows:
+      print("| " + " | ".join(r) + " |")
 
 
 if __name__ == "__main__":
