@@ -32,6 +32,34 @@ OPTS = options_lib.define_flags()
 _NOT_ALL_STEPS = ("data", "data_files", "text_key", "rope_scale", "window")
 
 
+def _check_sources() -> None:
+  """Exit with a message when the flags name no analysis, or two that do not combine."""
+  if _HF.value and (_WORKDIR.value or _STEP.value is not None):
+    sys.exit("error: --hf analyses a Hugging Face checkpoint; it takes no --workdir or --step")
+  if not _WORKDIR.value and not _HF.value:
+    sys.exit("error: --workdir is required (or --hf=HF_DIR, or --compare DIR1 DIR2 ...)")
+  if _ALL_STEPS.value and (_HF.value or _STEP.value is not None):
+    sys.exit("error: --all_steps analyses every checkpoint of --workdir; it takes no --step or --hf")
+  if _ALL_STEPS.value and any(OPTS[name].value is not None for name in _NOT_ALL_STEPS):
+    sys.exit(f"error: --all_steps takes none of {', '.join('--' + n for n in _NOT_ALL_STEPS)}: it analyses every "
+             "checkpoint on the run's own texts, unmodified")
+  hf_only = [f"--{f.name}" for f in options_lib.FLAGS
+             if f.scope == "hf" and OPTS[f.name].value not in (None, [])]
+  if hf_only and not _HF.value:
+    sys.exit(f"error: {', '.join(hf_only)} apply to --hf checkpoints (a run's BOS is its data.bos)")
+
+
+def _print_headline(out: str, s: dict) -> None:
+  from abspos_jax.analysis.outputs import schema
+  from abspos_jax.analysis.outputs.report import with_interval
+  print(f"wrote {out}: summary.json, stats.npz, report.md and figures")
+  share = lambda path: with_interval(schema.get(s, path + ("residual_stream",)),  # noqa: E731
+                                     schema.interval(s, path + ("residual_stream",)))
+  best = with_interval(schema.get(s, schema.SINK_SCORE_MAX), schema.interval(s, schema.SINK_SCORE_MAX))
+  print(f"  residual-stream share (pooled / early): {share(schema.POOLED)} / {share(schema.POOLED_EARLY)}; max sink "
+        f"score (held out) {best}")
+
+
 def main(argv):
   logging.set_verbosity(logging.ERROR)
   if _COMPARE.value and _ALL_STEPS.value:
@@ -49,23 +77,10 @@ def main(argv):
   from abspos_jax import distributed
   if distributed.requested():  # one of N processes (abspos_jax.launch, SLURM, a TPU pod)
     distributed.initialize()
-  if _HF.value and (_WORKDIR.value or _STEP.value is not None):
-    sys.exit("error: --hf analyses a Hugging Face checkpoint; it takes no --workdir or --step")
-  if not _WORKDIR.value and not _HF.value:
-    sys.exit("error: --workdir is required (or --hf=HF_DIR, or --compare DIR1 DIR2 ...)")
-  if _ALL_STEPS.value and (_HF.value or _STEP.value is not None):
-    sys.exit("error: --all_steps analyses every checkpoint of --workdir; it takes no --step or --hf")
-  if _ALL_STEPS.value and any(OPTS[name].value is not None for name in _NOT_ALL_STEPS):
-    sys.exit(f"error: --all_steps takes none of {', '.join('--' + n for n in _NOT_ALL_STEPS)}: it analyses every "
-             "checkpoint on the run's own texts, unmodified")
-  hf_only = [f"--{f.name}" for f in options_lib.FLAGS
-             if f.scope == "hf" and OPTS[f.name].value not in (None, [])]
-  if hf_only and not _HF.value:
-    sys.exit(f"error: {', '.join(hf_only)} apply to --hf checkpoints (a run's BOS is its data.bos)")
+  _check_sources()
   from abspos_jax.analysis import analyze_all_steps, analyze_hf, analyze_run
   from abspos_jax.analysis.api import TextChoice, default_hf_out
   from abspos_jax.variants import Variant, parse_rope_scale
-  from abspos_jax.analysis.outputs.report import with_interval
   try:
     o = {name: holder.value for name, holder in OPTS.items()}
     options = options_lib.AnalysisOptions(batch_size=o["batch_size"], interventions=not o["skip_interventions"],
@@ -90,14 +105,9 @@ def main(argv):
       result = analyze_run(_WORKDIR.value, step=_STEP.value, **common)
   except (ValueError, FileNotFoundError, PermissionError) as e:
     sys.exit(f"error: {e}")
-  out = _OUT.value or (default_hf_out(_HF.value) if _HF.value else f"{_WORKDIR.value}/analysis")
-  s = result.summary
   if distributed.is_writer():
-    print(f"wrote {out}: summary.json, stats.npz, report.md and figures")
-    pooled, early = s["components"]["pooled"], s["components"]["pooled_early"]
-    share = lambda d: with_interval(d["residual_stream"], d.get("residual_stream_ci"))  # noqa: E731
-    print(f"  residual-stream share (pooled / early): {share(pooled)} / {share(early)}; max sink score (held out) "
-          f"{with_interval(s['sink_score_max'], s.get('sink_score_max_ci'))}")
+    _print_headline(_OUT.value or (default_hf_out(_HF.value) if _HF.value else f"{_WORKDIR.value}/analysis"),
+                    result.summary)
 
 
 if __name__ == "__main__":

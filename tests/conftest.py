@@ -40,25 +40,39 @@ def _data_dir(tmp_path_factory):
   return os.environ["ABSPOS_DATA_DIR"]
 
 
+# The suite's one small configuration (2 layers x 32 wide, 16 tokens, 4 steps of 8 sequences of the synthetic
+# corpus), as overrides of configs/base.py: in-process tests take it through small_config(), train.py subprocesses
+# through small_flags(), sweeps as it is. The emergence hook is off (its compilation costs ~6 s of CPU per run);
+# the tests of the hook turn it on.
+SMALL = {
+    "model": {"num_layers": 2, "d_model": 32, "num_heads": 4, "window": 4},
+    "data": {"seq_len": 16, "name": "synthetic", "synthetic_docs": 200, "eval_sequences": 8},
+    "train": {"steps": 4, "batch_size": 8, "warmup_steps": 1, "log_every": 1, "eval_every": 2, "progress": False,
+              "emergence": False},
+    "checkpoint": {"every": 2},
+}
+
+
+def _small(overrides: dict) -> dict:
+  """SMALL as ``{"section.field": value}`` with ``overrides`` on top; a value of None drops the field."""
+  flat = {f"{section}.{k}": v for section, fields in SMALL.items() for k, v in fields.items()}
+  return {k: v for k, v in {**flat, **overrides}.items() if v is not None}
+
+
 def small_config(position: str = "rope", **overrides):
-  """A model small enough to compile and run in a second or two on CPU."""
+  """SMALL as a config, with ``overrides`` (``{"section.field": value}``)."""
   c = base_config()
   c.model.position = position
-  c.model.num_layers = 2
-  c.model.d_model = 32
-  c.model.num_heads = 4
-  c.model.window = 4
-  c.data.seq_len = 16
-  c.train.batch_size = 8
-  c.train.steps = 4
-  c.train.warmup_steps = 1
-  c.train.log_every = 1
-  c.train.eval_every = 2
-  c.train.progress = False
-  c.train.emergence = False  # its compilation (~6 s CPU) per run; tests/test_emergence.py turns it on
-  c.data.eval_sequences = 8
-  c.checkpoint.every = 2
-  for key, value in overrides.items():
+  for key, value in _small(overrides).items():
     section, field = key.split(".")
     c[section][field] = value
   return c
+
+
+def small_flags(*flags: str, **overrides) -> list[str]:
+  """SMALL as train.py flags (``--config.section.field=value``), with ``overrides`` and then ``flags`` on top, each
+  field once."""
+  out = {k: f"--config.{k}={v}" for k, v in _small(overrides).items()}
+  for flag in flags:
+    out[flag.split("=", 1)[0].removeprefix("--config.") if flag.startswith("--config.") else flag] = flag
+  return list(out.values())

@@ -6,23 +6,29 @@ import sys
 import time
 from pathlib import Path
 
+import jax.numpy as jnp
 import ml_collections
 import numpy as np
+import scipy.special
 
 from abspos_jax import sweep as sweep_lib
+from abspos_jax.analysis import AnalysisOptions
 from abspos_jax.data import builders
+from abspos_jax.data import BOS_ID
 from abspos_jax.metrics import read_metrics
-from conftest import xla_flags
+from abspos_jax.train_loop import train
+from conftest import SMALL, small_config, small_flags, xla_flags
+
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RUN = ["--config.model.num_layers=2", "--config.model.d_model=64", "--config.model.num_heads=4",
-       "--config.data.seq_len=32", "--config.train.batch_size=8", "--config.train.warmup_steps=2",
-       "--config.train.log_every=1", "--config.train.eval_every=1000", "--config.train.progress=False",
-       "--config.data.eval_sequences=8", "--config.data.name=synthetic", "--config.data.synthetic_docs=200"]
+# train.py for the kill and resume tests: SMALL twice as wide and long, so that a step and a checkpoint write last
+# long enough for a kill to land inside them; evaluation off; steps and checkpoints as each test asks.
+RUN = {"model.d_model": 64, "data.seq_len": 32, "train.warmup_steps": 2, "train.eval_every": 1000,
+       "train.steps": None, "checkpoint.every": None}
 
 
 def command(workdir, *extra):
-  return [sys.executable, "train.py", "--config=configs/rope.py", f"--workdir={workdir}", *RUN, *extra]
+  return [sys.executable, "train.py", "--config=configs/rope.py", f"--workdir={workdir}", *small_flags(*extra, **RUN)]
 
 
 def losses(workdir):
@@ -41,17 +47,9 @@ def wait_for(predicate, proc, timeout=120.0):
   raise TimeoutError("condition not reached")
 
 
-TINY = {
-    "model": {"num_layers": 2, "d_model": 32, "num_heads": 4, "window": 4},
-    "data": {"seq_len": 16, "name": "synthetic", "synthetic_docs": 200, "eval_sequences": 8},
-    "train": {"steps": 4, "batch_size": 8, "warmup_steps": 1, "log_every": 2, "eval_every": 2, "progress": False},
-    "checkpoint": {"every": 2},
-}
-
-
 def sweep_cfg(vary, overrides=None, **fields) -> ml_collections.ConfigDict:
   c = sweep_lib.sweep_defaults()
-  c.overrides = ml_collections.ConfigDict(TINY if overrides is None else overrides)
+  c.overrides = ml_collections.ConfigDict(SMALL if overrides is None else overrides)
   c.vary = vary
   for key, value in fields.items():
     *path, leaf = key.split(".")
@@ -63,8 +61,8 @@ def sweep_cfg(vary, overrides=None, **fields) -> ml_collections.ConfigDict:
 
 
 def two_seed_sweep(path, **train):
-  """A sweep file over seeds 0 and 1 of TINY (with ``train`` overrides), analysed on 4 sequences."""
-  overrides = dict(TINY, train={**TINY["train"], "peak_flops": 1e12, **train})  # no matmul peak measurement
+  """A sweep file over seeds 0 and 1 of SMALL (with ``train`` overrides), analysed on 4 sequences."""
+  overrides = dict(SMALL, train={**SMALL["train"], "peak_flops": 1e12, **train})  # no matmul peak measurement
   path.write_text(
       "import ml_collections\nfrom abspos_jax.sweep import sweep_defaults\n\n\ndef get_config():\n"
       "  c = sweep_defaults()\n"
@@ -76,12 +74,9 @@ def two_seed_sweep(path, **train):
 
 # --- multi-process runs on loopback (2 processes x 4 CPU devices = one 8-device mesh)
 
-MESH_RUN = ["--config=configs/rope.py", "--config.model.num_layers=2", "--config.model.d_model=32",
-       "--config.data.seq_len=16", "--config.train.batch_size=8", "--config.train.steps=4",
-       "--config.train.warmup_steps=1", "--config.train.log_every=1", "--config.train.eval_every=2",
-       "--config.train.progress=False", "--config.data.name=synthetic", "--config.data.synthetic_docs=200",
-       "--config.data.eval_sequences=8", "--config.checkpoint.every=2", "--config.mesh.shape=(2,2,2)",
-       "--config.mesh.axes=('data','fsdp','tensor')"]
+MESH_RUN = ["--config=configs/rope.py", *small_flags("--config.mesh.shape=(2,2,2)",
+                                                  "--config.mesh.axes=('data','fsdp','tensor')",
+                                                  **{"train.emergence": True})]
 
 
 def one_process(*args, timeout=300):
@@ -129,6 +124,102 @@ def shared_run(name: str, build) -> str:
   return d
 
 
+# --- runs several test modules read
+
+EMERGENCE_SEQUENCES = 8
+
+
+def hooked_config(**overrides):
+  """SMALL with the emergence hook at steps 2 and 4 (on 8 sequences) and a checkpoint every step, of which the
+  latest and every even step are kept."""
+  return small_config(**{"train.emergence": True, "train.emergence_sequences": EMERGENCE_SEQUENCES,
+                         "checkpoint.every": 1, "checkpoint.keep": 1, "checkpoint.keep_period": 2, **overrides})
+
+
+def hooked_run() -> Path:
+  """hooked_config() trained once per test session (test_api, test_emergence); tests write only into a copy."""
+  return Path(shared_run("hooked", lambda d: train(hooked_config(), d)))
+
+
 def multihost_reference() -> str:
-  """The one-process, 8-device run that the 2-process runs of test_multihost and test_object_storage match."""
+  """The one-process, 8-device run that the 2-process runs of test_multihost and test_storage match."""
   return shared_run("multihost-reference", lambda d: one_process("train.py", f"--workdir={d}", *MESH_RUN))
+
+
+# --- estimator cases: visibility masks, masked logits and least-squares references
+
+K = 4  # sequence blocks in these tests (halves: even / odd blocks)
+
+
+def mask(t: int, window: int | None = None) -> np.ndarray:
+  i, j = np.arange(t)[:, None], np.arange(t)[None, :]
+  vis = j <= i
+  return vis if window is None else vis & (j > i - window)
+
+
+def softmax_inputs(s: np.ndarray, visible: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+  """Logits ``[B, L, H, T, T]`` with -inf off the mask, and their ``log_z``."""
+  vis = visible if visible.ndim == 2 else visible[:, None]
+  s = np.where(vis, s, -np.inf).astype(np.float32)
+  return s, scipy.special.logsumexp(s, axis=-1).astype(np.float32)
+
+
+def dummy_design(vis: np.ndarray, n: int, two_way: bool) -> np.ndarray:
+  """Per-observation dummy design: n copies of every visible cell (row-major)."""
+  t = vis.shape[0]
+  rows = []
+  for i, j in zip(*np.nonzero(vis)):
+    r = np.zeros(2 * t if two_way else t)
+    r[i - j] = 1.0
+    if two_way:
+      r[t + i] = 1.0
+    rows.append(r)
+  return np.tile(np.array(rows), (n, 1))
+
+
+def lstsq_fit(vis, x_obs, two_way):
+  """OLS on pooled observations ``x_obs [N, T, T]``: fitted cell values and coefficients."""
+  d = dummy_design(vis, x_obs.shape[0], two_way)
+  y = np.concatenate([x[vis] for x in x_obs]).astype(np.float64)
+  coef = np.linalg.lstsq(d, y, rcond=None)[0]
+  n_cells = int(vis.sum())
+  fitted = np.zeros(vis.shape)
+  fitted[vis] = (d[:n_cells] @ coef)
+  return fitted, coef
+
+
+def np_phi(vis, beta):
+  qc = vis.sum(1)
+  return beta - (qc * beta).sum() / qc.sum()
+
+
+def sums(vis, x):
+  """Per-offset and per-query sums of ``x [N, T, T]`` over the cells, and the sum of squares."""
+  t = vis.shape[0]
+  i, j = np.nonzero(vis)
+  os_ = np.zeros(t)
+  np.add.at(os_, i - j, x[:, i, j].sum(0))
+  return os_, np.where(vis, x, 0).sum((0, 2)), (np.where(vis, x, 0) ** 2).sum()
+
+
+VIS_LG = np.stack([mask(8, 3), mask(8)])  # one local, one global layer
+
+
+# --- analyses of constructed models
+
+FAST = AnalysisOptions(batch_size=6, interventions=False, progress=False)
+
+
+def sequences(n=12, t=16, seed=0):
+  rng = np.random.default_rng(seed)
+  none = rng.integers(0, 256, (n, t)).astype(np.int32)
+  prepend = none.copy()
+  prepend[:, 0] = BOS_ID
+  return {"prepend": prepend, "none": none}
+
+
+def zero_qk(model):
+  for block in model.blocks:
+    block.attn.wq[...] = jnp.zeros_like(block.attn.wq[...])
+    block.attn.wk[...] = jnp.zeros_like(block.attn.wk[...])
+  return model

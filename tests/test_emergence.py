@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -12,42 +13,35 @@ from flax import nnx
 
 from abspos_jax import checkpoint, data, sharding
 from abspos_jax.analysis import AnalysisOptions, analyze, analyze_all_steps, analyze_run, api
+from abspos_jax.analysis.emergence import EmergenceHook, metric_names
 from abspos_jax.analysis.outputs.compare import compare
 from abspos_jax.analysis.outputs.curves import run_curves
 from abspos_jax.config import ConfigError, validate
-from abspos_jax.analysis.emergence import EmergenceHook, metric_names
 from abspos_jax.metrics import read_metrics
 from abspos_jax.train_loop import train
 from conftest import small_config
+from helpers import EMERGENCE_SEQUENCES, hooked_config, hooked_run
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-N = 8  # emergence sequences
+N = EMERGENCE_SEQUENCES
 NO_INTERVENTIONS = AnalysisOptions(interventions=False, progress=False)
 
 
-def config(**overrides):
-  """4 steps, the hook at steps 2 and 4, a checkpoint every step: the latest one kept plus every even step."""
-  return small_config(**{"data.name": "synthetic", "data.synthetic_docs": 200, "train.emergence": True,
-                         "train.emergence_sequences": N,
-                         "checkpoint.every": 1, "checkpoint.keep": 1, "checkpoint.keep_period": 2, **overrides})
-
-
-@pytest.fixture(scope="module")
-def run_dir(tmp_path_factory):
-  d = tmp_path_factory.mktemp("emergence_run")
-  train(config(), str(d))
-  return d
+@pytest.fixture
+def run_dir():
+  """helpers.hooked_run(): 4 steps, the hook at steps 2 and 4, checkpoints kept at steps 2 and 4 (read only)."""
+  return hooked_run()
 
 
 def _rel(a, b):
   return abs(a - b) / max(abs(b), 1e-6)
 
 
-def test_hook_equals_analyze(run_dir):
+def test_hook_equals_analyze(run_dir, tmp_path):
   """The step-4 record of the hook and analyze.py on the step-4 checkpoint, same sequences, agree to 1e-5."""
   rec = read_metrics(run_dir)[-1]
   assert rec["step"] == 4 and set(metric_names(2)) <= set(rec)
-  s = analyze_run(str(run_dir), num_sequences=N, options=NO_INTERVENTIONS).summary
+  s = analyze_run(str(run_dir), out=str(tmp_path), num_sequences=N, options=NO_INTERVENTIONS).summary
   pairs = [(rec[f"sink_rate_l{l}"], s["sink_rate"][l]) for l in range(2)]
   pairs += [(rec[f"pos0_norm_ratio_l{l}"], s["position0"]["norm_ratio"][l]) for l in range(3)]
   pairs += [(rec["sink_score_max"], s["sink_score_max"]),
@@ -102,7 +96,7 @@ def test_hook_on_stacked_seeds_equals_one_hook_per_run(run_dir):
 
 
 def test_hook_off_leaves_training_bit_identical(run_dir, tmp_path):
-  off = train(config(**{"train.emergence": False}), str(tmp_path))
+  off = train(hooked_config(**{"train.emergence": False}), str(tmp_path))
   on_records, off_records = read_metrics(run_dir), read_metrics(tmp_path)
   assert [r["loss"] for r in on_records] == [r["loss"] for r in off_records]
   assert [r.get("val_loss") for r in on_records] == [r.get("val_loss") for r in off_records]
@@ -120,6 +114,7 @@ def test_keep_period_keeps_multiples_beyond_the_latest(run_dir):
 
 @pytest.mark.slow
 def test_all_steps_and_emergence_curves(run_dir, tmp_path, monkeypatch):
+  run_dir = shutil.copytree(run_dir, tmp_path / "run")  # the analyses go into the run directory
   r = subprocess.run([sys.executable, "analyze.py", f"--workdir={run_dir}", "--all_steps", "--num_sequences=4",
                       "--skip_interventions"], cwd=ROOT, capture_output=True, text=True, timeout=600)
   assert r.returncode == 0, r.stderr[-3000:]

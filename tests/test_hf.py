@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 
+
 os.environ["HF_HUB_OFFLINE"] = "1"  # before transformers is imported: never touch the network
 
 import jax.numpy as jnp
@@ -21,6 +22,7 @@ from safetensors.numpy import load_file, save_file
 
 from abspos_jax import checkpoint, data
 from abspos_jax import model as model_lib
+from abspos_jax.config import base_config
 from abspos_jax.analysis import AnalysisOptions, analyze_hf, analyze_run
 from abspos_jax.analysis.api import TextChoice
 from abspos_jax.interop import hf
@@ -139,7 +141,7 @@ def test_gqa_hooks_are_per_query_head(tmp_path):
 
 
 def run_config(position: str):
-  return small_config(position, **{"data.name": "synthetic", "data.synthetic_docs": 200, "train.steps": 2,
+  return small_config(position, **{"train.steps": 2,
                                    "train.eval_every": 2, "checkpoint.every": 2})
 
 
@@ -318,7 +320,7 @@ def test_analysis_of_imported_gqa_model(tmp_path):
   assert meta["tokenizer"]["from"] == "tokenizer.json post-processor"
   assert meta["options"]["bos_replace_token"] == tok.token_to_id("Ċ")  # the newline token, not byte 10
   # Window 0 is the start of the first validation document, in this tokenizer's ids.
-  first_doc = bytes(data.get_data_sources(small_config().data)["validation"][0]["text"]).decode()
+  first_doc = bytes(data.get_data_sources(base_config().data)["validation"][0]["text"]).decode()
   assert first_doc.startswith(tok.decode(r.stats["tokens_none"][0].tolist())) and len(first_doc) > 32
 
 

@@ -4,7 +4,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-
 from flax import nnx
 
 from abspos_jax import attention as attention_lib, layers, masks, model as model_lib

@@ -13,12 +13,9 @@ from abspos_jax.metrics import read_metrics
 from abspos_jax.train_loop import train
 from conftest import small_config
 
+
 FAST = AnalysisOptions(interventions=False, progress=False, batch_size=8)
 OTHER = {"git_commit": "0123456789abcdef", "git_dirty": False, "package_version": "0.0.1"}
-
-
-def config(**overrides):
-  return small_config(**{"data.name": "synthetic", "data.synthetic_docs": 200, **overrides})
 
 
 def test_an_entry_names_code_versions_machine_command_and_time():
@@ -37,8 +34,8 @@ def test_an_entry_names_code_versions_machine_command_and_time():
 def runs(tmp_path_factory):
   """Two runs: ``a`` trained in one go; ``b`` stopped at step 2 and resumed with (pretended) other code."""
   root = tmp_path_factory.mktemp("prov")
-  train(config(), str(root / "a"))
-  train(config(**{"train.stop_at_step": 2, "train.seed": 1}), str(root / "b"))
+  train(small_config(), str(root / "a"))
+  train(small_config(**{"train.stop_at_step": 2, "train.seed": 1}), str(root / "b"))
   return root
 
 
@@ -49,7 +46,7 @@ def test_a_run_records_each_start_and_resume(runs, monkeypatch, caplog):
   assert first["provenance"]["code"] == a[0]["code"] and "provenance" not in read_metrics(runs / "a")[1]
   monkeypatch.setattr(provenance, "code", lambda: OTHER)
   with caplog.at_level(logging.WARNING, logger="abspos_jax"):
-    train(config(**{"train.seed": 1}), str(runs / "b"))
+    train(small_config(**{"train.seed": 1}), str(runs / "b"))
   b = json.loads((runs / "b" / provenance.FILE).read_text())
   assert [(e["event"], e["step"]) for e in b] == [("train", 0), ("resume", 2)]
   assert b[1]["code"] == OTHER and b[0]["code"] != OTHER

@@ -1,10 +1,7 @@
 """Reliability: killed runs resume identically, graceful stops, NaNs, damaged files, full disks, bad flags."""
 
-import errno
-import json
 import os
 import random
-import shutil
 import signal
 import subprocess
 import time
@@ -18,9 +15,6 @@ from abspos_jax.metrics import read_metrics
 from abspos_jax.train_loop import NonFiniteError, train
 from conftest import small_config
 from helpers import ROOT, command, losses, wait_for
-
-def config(**overrides):
-  return small_config(**{"data.name": "synthetic", "data.synthetic_docs": 200, **overrides})
 
 
 def checkpoint_tmp_dir(workdir):
@@ -78,7 +72,7 @@ def test_sigterm_checkpoints_and_exits_cleanly(tmp_path):
 
 def poison_batch(monkeypatch, step):
   """Make the loss NaN on the ``step``-th training batch (identified by its tokens)."""
-  c = config()
+  c = small_config()
   it = data.train_iterator(c.data, batch_size=c.train.batch_size, seed=c.train.seed)
   batch = [next(it)["tokens"] for _ in range(step)][-1]
   target_sum = int(batch[:, 1:].sum())
@@ -90,54 +84,20 @@ def poison_batch(monkeypatch, step):
 def test_nonfinite_loss_stops_and_keeps_last_checkpoint(tmp_path, monkeypatch):
   poison_batch(monkeypatch, 3)
   with pytest.raises(NonFiniteError, match=r"at step 3: .* the last checkpoint \(step 2\) is untouched"):
-    train(config(), str(tmp_path))
+    train(small_config(), str(tmp_path))
   mgr = checkpoint.manager(str(tmp_path), read_only=True)
   assert mgr.all_steps() == [2]
   assert [m["step"] for m in read_metrics(tmp_path)] == [1, 2]
 
 
 def test_nonfinite_loss_can_skip_the_batch(tmp_path, monkeypatch):
-  clean = train(config(), str(tmp_path / "clean"))
+  clean = train(small_config(), str(tmp_path / "clean"))
   poison_batch(monkeypatch, 3)
-  last = train(config(**{"train.nonfinite": "skip"}), str(tmp_path / "skip"))
+  last = train(small_config(**{"train.nonfinite": "skip"}), str(tmp_path / "skip"))
   records = read_metrics(tmp_path / "skip")
   assert np.isnan(records[2]["loss"]) and last["skipped_steps"] == 1 and np.isfinite(last["loss"])
   assert [m["loss"] for m in records[:2]] == [m["loss"] for m in read_metrics(tmp_path / "clean")][:2]
   assert clean["skipped_steps"] == 0
-
-
-def damage(step_dir):
-  """Truncate every array file of a checkpoint's params to half its size."""
-  for root, _, files in os.walk(os.path.join(step_dir, "params")):
-    for name in files:
-      path = os.path.join(root, name)
-      size = os.path.getsize(path)
-      with open(path, "r+b") as f:
-        f.truncate(size // 2)
-
-
-def test_damaged_checkpoint_falls_back_to_an_older_one(tmp_path):
-  train(config(**{"train.steps": 6, "train.stop_at_step": 4}), str(tmp_path / "run"))
-  damage(tmp_path / "run" / "checkpoints" / "4")
-  train(config(**{"train.steps": 6}), str(tmp_path / "run"))
-  train(config(**{"train.steps": 6}), str(tmp_path / "ref"))
-  assert losses(tmp_path / "run") == losses(tmp_path / "ref")
-  moved = os.listdir(tmp_path / "run" / "corrupt_checkpoints")
-  assert len(moved) == 1 and moved[0].startswith("4-")
-
-
-def test_damaged_or_foreign_checkpoint_is_refused_by_analysis(tmp_path):
-  train(config(), str(tmp_path / "run"))
-  shutil.copytree(tmp_path / "run", tmp_path / "other")
-  cfg = json.loads((tmp_path / "other" / "config.json").read_text())
-  cfg["model"]["d_model"] = 64
-  (tmp_path / "other" / "config.json").write_text(json.dumps(cfg))
-  with pytest.raises(ValueError, match=r"checkpoints/4 cannot be restored"):
-    checkpoint.load_model(str(tmp_path / "other"))
-  damage(tmp_path / "run" / "checkpoints" / "4")
-  with pytest.raises(ValueError, match=r"checkpoints/4 cannot be restored"):
-    checkpoint.load_model(str(tmp_path / "run"))
-  assert checkpoint.load_model(str(tmp_path / "run"), step=2)[2] == 2
 
 
 def test_truncated_array_record_shard(tmp_path):
@@ -145,7 +105,7 @@ def test_truncated_array_record_shard(tmp_path):
   docs.mkdir()
   for i in range(4):
     (docs / f"{i}.txt").write_text(f"document {i} " * 200)
-  c = config(**{"data.name": "text_files", "data.files": str(docs / "*.txt"), "data.data_dir": str(tmp_path / "d")})
+  c = small_config(**{"data.name": "text_files", "data.files": str(docs / "*.txt"), "data.data_dir": str(tmp_path / "d")})
   data.get_data_sources(c.data)
   shards = [os.path.join(r, f) for r, _, fs in os.walk(tmp_path / "d") for f in fs if ".array_record" in f]
   assert shards
@@ -159,39 +119,7 @@ def test_truncated_array_record_shard(tmp_path):
 def test_unwritable_workdir(tmp_path):
   (tmp_path / "file").write_text("x")
   with pytest.raises(OSError, match=r"--workdir .*file/run cannot be used"):
-    train(config(), str(tmp_path / "file" / "run"))
-
-
-@pytest.fixture
-def small_disk(tmp_path):
-  """A 4 MiB tmpfs, or None where mounting is not allowed."""
-  mnt = tmp_path / "disk"
-  mnt.mkdir()
-  r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)], capture_output=True)
-  if r.returncode != 0:
-    yield None
-    return
-  yield mnt
-  subprocess.run(["umount", "-l", str(mnt)], check=False)
-
-
-def test_full_disk_keeps_saved_checkpoints(tmp_path, small_disk, monkeypatch):
-  c = config(**{"train.steps": 60, "checkpoint.every": 1, "checkpoint.keep": 100, "model.d_model": 64})
-  if small_disk is None:  # no mount here: the writer reports a full disk after 3 saves
-    real, calls = checkpoint.save, []
-    def full(*args, **kwargs):
-      calls.append(1)
-      if len(calls) > 3:
-        raise OSError(errno.ENOSPC, "No space left on device")
-      return real(*args, **kwargs)
-    monkeypatch.setattr(checkpoint, "save", full)
-    workdir = tmp_path / "run"
-  else:
-    workdir = small_disk / "run"
-  with pytest.raises(OSError, match=r"no space left on the device .* the complete checkpoints \[\d.*\] are intact"):
-    train(c, str(workdir))
-  config_, model, step = checkpoint.load_model(str(workdir))
-  assert step >= 1 and model.spec.d_model == 64
+    train(small_config(), str(tmp_path / "file" / "run"))
 
 
 def test_bad_cli_flags_and_types(tmp_path):
@@ -204,7 +132,7 @@ def test_bad_cli_flags_and_types(tmp_path):
 def test_analysis_crash_keeps_previous_results(tmp_path, monkeypatch):
   from abspos_jax.analysis import AnalysisOptions, analyze_run
   from abspos_jax.analysis.outputs import figures, writer
-  train(config(), str(tmp_path / "run"))
+  train(small_config(), str(tmp_path / "run"))
   out = tmp_path / "run" / "analysis"
   result = analyze_run(str(tmp_path / "run"), num_sequences=8,
                        options=AnalysisOptions(batch_size=4, interventions=False, progress=False))

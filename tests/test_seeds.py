@@ -23,7 +23,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def config(**overrides):
-  return small_config(**{"data.name": "synthetic", "data.synthetic_docs": 200, "train.steps": 6, **overrides})
+  return small_config(**{"train.steps": 6, **overrides})
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -12,8 +12,9 @@ import pytest
 from abspos_jax import checkpoint, storage
 from abspos_jax import sweep as sweep_lib
 from abspos_jax.metrics import read_metrics
+from conftest import SMALL
 from gcs_emulator import Emulator
-from helpers import (ROOT, TINY, MESH_RUN as MESH, assert_same, command, losses, multihost_reference, records, sweep_cfg,
+from helpers import (ROOT, MESH_RUN as MESH, assert_same, command, losses, multihost_reference, records, sweep_cfg,
                      two_processes, two_seed_sweep, wait_for)
 
 
@@ -97,7 +98,7 @@ def test_a_directory_is_uploaded_marker_last_and_a_failure_leaves_no_marker(buck
 
 def test_print_and_slurm_launches_write_the_bucket_and_a_local_staging_dir(bucket, staging):
   root = f"{bucket}/launch"
-  cfg = sweep_cfg((("train.seed", (0, 1)),), TINY)
+  cfg = sweep_cfg((("train.seed", (0, 1)),), SMALL)
   sweep_lib.execute(cfg, root, "print", echo=lambda s: None)
   sweep_lib.execute(cfg, root, "slurm", echo=lambda s: None)
   local = staging / "gs" / "abspos-test" / "launch"

@@ -15,7 +15,9 @@ from ml_collections import config_flags
 from abspos_jax import config as config_lib
 from abspos_jax import sweep as sweep_lib
 from abspos_jax.sweep import Decision, RunState, SweepError
-from helpers import TINY, sweep_cfg, two_seed_sweep
+from conftest import SMALL
+from helpers import sweep_cfg, two_seed_sweep
+
 
 REPO = sweep_lib.REPO
 FAMILY = (("model.position", ("rope", "ntk")), ("model.num_layers", (2, 4)), ("train.seed", (0, 1)))
@@ -35,7 +37,7 @@ def test_expansion_is_the_product_first_field_outermost():
     assert (c.model.d_model, c.train.steps, c.data.name) == (32, 4, "synthetic")  # the fixed overrides
     assert c.train.learning_rate == config_lib.base_config().train.learning_rate  # untouched: the base
   assert s.overrides["train.steps"] == 4 and s.overrides["model.window"] == 4
-  assert "model.num_layers" not in s.overrides  # fixed in TINY, varied here: vary wins
+  assert "model.num_layers" not in s.overrides  # fixed in SMALL, varied here: vary wins
 
 
 def test_nothing_varied_is_one_run_named_run():
@@ -136,7 +138,7 @@ def test_unknown_sweep_fields_are_refused():
 
 
 def test_a_fixed_mesh_is_validated_against_its_own_device_count():
-  c = sweep_cfg((), dict(TINY, mesh={"shape": (2, 2), "axes": ("data", "fsdp")}))
+  c = sweep_cfg((), dict(SMALL, mesh={"shape": (2, 2), "axes": ("data", "fsdp")}))
   assert sweep_lib.expand(c).runs[0].config.mesh.shape == (2, 2)
 
 
@@ -213,7 +215,7 @@ def test_cli_print_and_slurm_write_their_files(tmp_path):
   sweep_file.write_text(
       "import ml_collections\nfrom abspos_jax.sweep import sweep_defaults\n\n\ndef get_config():\n"
       "  c = sweep_defaults()\n"
-      f"  c.overrides = ml_collections.ConfigDict({TINY!r})\n"
+      f"  c.overrides = ml_collections.ConfigDict({SMALL!r})\n"
       f"  c.vary = {FAMILY!r}\n  return c\n")
   root = tmp_path / "root"
   cmd = [sys.executable, "-m", "abspos_jax.sweep", f"--sweep={sweep_file}", f"--root={root}",

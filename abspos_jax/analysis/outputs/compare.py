@@ -54,7 +54,7 @@ def _get(summary: dict, path: tuple) -> float:
     if x is None:
       return float("nan")
     if key == "MAIN":
-      key = summary["main_policy"]
+      key = schema.get(summary, schema.MAIN_POLICY)
     if key in ("MAX", "MEAN"):
       v = np.array([np.nan if a is None else a for a in x], float)
       return float(np.nanmax(v) if key == "MAX" else np.nanmean(v))

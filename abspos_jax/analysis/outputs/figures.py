@@ -82,7 +82,7 @@ def sink_heatmap(stats: dict, summary: dict, out_dir: str, options: AnalysisOpti
   for (l, h), v in np.ndenumerate(score):
     ax.text(h, l, "n/a" if not np.isfinite(v) else f"{v:.2f}", ha="center", va="center",
             color="w" if not np.isfinite(v) or v < 0.6 else "k", fontsize=8 if num_layers <= 16 else 6)
-  for l, h in summary.get("sink_heads", []):
+  for l, h in schema.get(summary, schema.SINK_HEADS, []):
     ax.add_patch(plt.Rectangle((h - 0.5, l - 0.5), 1, 1, fill=False, ec="r", lw=2))
   ax.set_xlabel("head")
   ax.set_ylabel("layer")
@@ -95,7 +95,7 @@ def sink_heatmap(stats: dict, summary: dict, out_dir: str, options: AnalysisOpti
 
 
 def position0(summary: dict, out_dir: str) -> str:
-  p0 = summary["position0"]
+  p0 = schema.get(summary, schema.POSITION0)
   depth = np.arange(len(p0["norm"]))
   fig, axes = plt.subplots(1, 3, figsize=(11, 3.0))
   axes[0].plot(depth, _values(p0["norm"]), "o-")
@@ -112,7 +112,7 @@ def position0(summary: dict, out_dir: str) -> str:
 
 
 def fingerprint(summary: dict, out_dir: str) -> str:
-  fp = summary["fingerprint"]
+  fp = schema.get(summary, schema.FINGERPRINT)
   fig, ax = plt.subplots(figsize=(5, 3.2))
   for key, label in (("bos", "with auto-prepended BOS"), ("no_bos", "without BOS (x_0 varies)")):
     if key in fp:
@@ -126,7 +126,7 @@ def fingerprint(summary: dict, out_dir: str) -> str:
 
 
 def components(summary: dict, out_dir: str, options: AnalysisOptions = AnalysisOptions()) -> str:
-  c = summary["components"]
+  c = schema.get(summary, schema.COMPONENTS)
   num_layers = len(c["causal_mask"])
   # Side by side up to 12 layers; deeper models stack the two panels, each ~0.35 inch per layer.
   deep = num_layers > 12
@@ -154,7 +154,7 @@ def components(summary: dict, out_dir: str, options: AnalysisOptions = AnalysisO
 
 def interventions(summary: dict, out_dir: str) -> str | None:
   """The change (after - before, nats^2) of each pooled component per intervention, with its interval."""
-  iv = summary.get("interventions")
+  iv = schema.get(summary, schema.INTERVENTIONS)
   if not iv:
     return None
   rows = schema.intervention_rows(iv)

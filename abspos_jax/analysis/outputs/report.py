@@ -86,12 +86,12 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
 def _layer_tables(s: dict, early_max: int) -> list[str]:
   """The per-layer quantities, one row per layer: denominators and sinks, then leakage and probes, then the
   residual stream by depth (embedding output first)."""
-  d, c, lk, pr, p0, fp = (s["denominators"], s["components"], s["leakage"], s["probes"], s["position0"],
-                          s["fingerprint"])
-  num_layers = s["num_layers"]
-  heads = [sum(1 for l, _ in s["sink_heads"] if l == layer) for layer in range(num_layers)]
-  sinks = {"sink_score_max_layer": s.get("sink_score_max_layer"), "sink_score_max_layer_ci":
-           s.get("sink_score_max_layer_ci")}
+  d, c, lk, pr, p0, fp = (schema.get(s, path) for path in (schema.DENOMINATORS, schema.COMPONENTS, schema.LEAKAGE,
+                                                            schema.PROBES, schema.POSITION0, schema.FINGERPRINT))
+  num_layers, num_heads = schema.get(s, schema.NUM_LAYERS), schema.get(s, schema.NUM_HEADS)
+  heads = [sum(1 for l, _ in schema.get(s, schema.SINK_HEADS) if l == layer) for layer in range(num_layers)]
+  sinks = {"sink_score_max_layer": schema.get(s, schema.SINK_SCORE_MAX_LAYER),
+           "sink_score_max_layer_ci": schema.interval(s, schema.SINK_SCORE_MAX_LAYER)}
   lines = ["", "### Denominators and sinks", "",
            "Slope of mean log Z_i on log|V(i)| (1: flat logits, the pure mask effect; near 0: a sink holds the "
            "mass), mean excess E_i = log Z_i - log|V(i)| (nats), mean weight on key 0 (queries i >= 1), share of "
@@ -100,7 +100,8 @@ def _layer_tables(s: dict, early_max: int) -> list[str]:
   lines += _table(["layer", "slope of log Z", "excess (nats)", "weight on key 0", "sink rate", "sink heads",
                    "best sink score"],
                   [[str(l), _cell(d, "log_z_slope_layer", l), _cell(d, "excess_mean_layer", l),
-                    _cell(d, "sink_mass_mean_layer", l), _f(s["sink_rate"][l], 2), f"{heads[l]}/{s['num_heads']}",
+                    _cell(d, "sink_mass_mean_layer", l), _f(schema.get(s, schema.SINK_RATE)[l], 2),
+                    f"{heads[l]}/{num_heads}",
                     _cell(sinks, "sink_score_max_layer", l)] for l in range(num_layers)])
   lines += ["", "### Leakage and its components", "",
             "Held-out absolute-position R^2 gain of log a, the causal-mask and residual-stream shares of its "
@@ -127,9 +128,8 @@ def _layer_tables(s: dict, early_max: int) -> list[str]:
 
 def _headlines(s: dict, eps: float, min_query: int) -> list[str]:
   """The pooled numbers, one sentence each."""
-  c, lk = s["components"], s["leakage"]
-  pooled, early = c["pooled"], c["pooled_early"]
-  heads = s["sink_heads"]
+  lk, pooled, early = schema.get(s, schema.LEAKAGE), schema.get(s, schema.POOLED), schema.get(s, schema.POOLED_EARLY)
+  heads = schema.get(s, schema.SINK_HEADS)
   layers_with = sorted({l for l, _ in heads})
   lines = [
       f"- **Leakage.** Held-out absolute-position R^2 gain (offset + query effects over offset alone): "
@@ -142,15 +142,17 @@ def _headlines(s: dict, eps: float, min_query: int) -> list[str]:
       f"{with_interval(pooled.get('residual_stream_var'), pooled.get('residual_stream_var_ci'), fmt=_g)} nats^2); "
       f"at early queries the residual-stream share is "
       f"{with_interval(early['residual_stream'], early.get('residual_stream_ci'))}.",
-      f"- **Sinks.** {len(heads)} of {s['num_layers'] * s['num_heads']} heads read the sink (chosen on the even "
+      f"- **Sinks.** {len(heads)} of {schema.get(s, schema.NUM_LAYERS) * schema.get(s, schema.NUM_HEADS)} heads "
+      "read the sink (chosen on the even "
       f"sequence blocks: mean a_i0 over the queries i >= {min_query} that see key 0 above {eps}; "
       + (f"in layers {_ranges(layers_with)}" if layers_with else "none") + "); the best held-out score is "
-      f"{with_interval(s['sink_score_max'], s.get('sink_score_max_ci'))} (odd blocks).",
-      f"- **Position 0.** Its norm is up to {_f(max(_finite(s['position0']['norm_ratio'])), 3)} times that of "
-      f"other positions; closedness check: max |h_0 change| when later tokens change = "
-      f"{_f(s['closedness_max_abs_diff'])} (0 expected).",
+      f"{with_interval(schema.get(s, schema.SINK_SCORE_MAX), schema.interval(s, schema.SINK_SCORE_MAX))} "
+      "(odd blocks).",
+      f"- **Position 0.** Its norm is up to {_f(max(_finite(schema.get(s, schema.POS0_NORM_RATIO))), 3)} times "
+      f"that of other positions; closedness check: max |h_0 change| when later tokens change = "
+      f"{_f(schema.get(s, schema.CLOSEDNESS))} (0 expected).",
   ]
-  fp = s["fingerprint"]
+  fp = schema.get(s, schema.FINGERPRINT)
   if "bos" in fp:
     without = (f"; without BOS up to {_f(max(_finite(fp['no_bos'])))} ({fp['no_bos_num_groups']} distinct x_0)."
                if "no_bos" in fp else ".")
@@ -199,20 +201,21 @@ def _source_lines(meta: dict) -> list[str]:
 
 def render(summary: dict, meta: dict, figures: list[str]) -> str:
   s = summary
-  L = s["num_layers"]
+  L = schema.get(s, schema.NUM_LAYERS)
   o = AnalysisOptions.from_dict(meta.get("options", {}))
   eps, min_query = o.sink_epsilon, o.sink_min_query
-  iv_info = s.get("intervals", {})
+  iv_info = schema.get(s, schema.INTERVALS, {})
   texts = meta.get("texts") or {}
   lines = [
       f"# Analysis of `{meta.get('workdir', 'model')}`", "",
-      f"- checkpoint step: {meta.get('step', 'n/a')}; architecture: `{s['position']}`, {L} layers x "
-      f"{s['num_heads']} heads",
+      f"- checkpoint step: {meta.get('step', 'n/a')}; architecture: `{schema.get(s, schema.POSITION)}`, {L} layers x "
+      f"{schema.get(s, schema.NUM_HEADS)} heads",
       f"- data: `{meta.get('data', 'n/a')}` ({meta.get('split', 'n/a')} split"
-      + (f", files {texts['files']}" if texts.get("files") else "") + f"), {s['num_sequences']} sequences of "
-      f"{s['seq_len']} tokens per BOS policy; headline numbers use `bos={s['main_policy']}`",
+      + (f", files {texts['files']}" if texts.get("files") else "")
+      + f"), {schema.get(s, schema.NUM_SEQUENCES)} sequences of {schema.get(s, schema.SEQ_LEN)} tokens per BOS "
+      f"policy; headline numbers use `bos={schema.get(s, schema.MAIN_POLICY)}`",
       *_source_lines(meta),
-      "- held-out loss: " + ", ".join(f"{k}: {v:.3f} nats/token" for k, v in s["loss"].items()),
+      "- held-out loss: " + ", ".join(f"{k}: {v:.3f} nats/token" for k, v in schema.get(s, schema.LOSS).items()),
       f"- intervals `value [lo, hi]`: {iv_info.get('level', 0.95):.0%} {iv_info.get('method', 'jackknife')}; "
       f"{iv_info.get('nonempty_blocks', 'n/a')} of {iv_info.get('num_blocks', 'n/a')} blocks hold sequences",
       f"- provenance: {provenance.describe(meta.get('provenance'))}", "",
@@ -221,7 +224,7 @@ def render(summary: dict, meta: dict, figures: list[str]) -> str:
       "", "## Per layer",
       *_layer_tables(s, o.early_max),
   ]
-  iv = s.get("interventions")
+  iv = schema.get(s, schema.INTERVENTIONS)
   if iv:
     lines += _interventions(iv)
   lines += ["", "## Figures", ""] + [f"![{f}]({f})" for f in figures]

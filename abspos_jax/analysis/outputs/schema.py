@@ -22,8 +22,19 @@ import numpy as np
 ESTIMATORS = "v2"
 
 STEP = ("meta", "step")
+POSITION = ("position",)  # the model's position scheme
+NUM_LAYERS = ("num_layers",)
+NUM_HEADS = ("num_heads",)
+MAIN_POLICY = ("main_policy",)
+NUM_SEQUENCES = ("num_sequences",)  # per BOS policy
+SEQ_LEN = ("seq_len",)
+INTERVALS = ("intervals",)  # level, method, num_blocks, nonempty_blocks
 LOSS = ("loss",)  # per BOS policy
+LEAKAGE = ("leakage",)  # leakage.summarize
 LEAKAGE_LOG_WEIGHTS = ("leakage", "log_weights_overall")
+PROBES = ("probes",)  # probes.summarize
+POSITION0 = ("position0",)  # position0.summarize: norm, norm_ratio, cos_prev per depth
+CLOSEDNESS = ("closedness_max_abs_diff",)
 COMPONENTS = ("components",)
 POOLED = ("components", "pooled")  # causal_mask, residual_stream, leakage_share (+ _var, _ci)
 POOLED_EARLY = ("components", "pooled_early")
@@ -32,11 +43,14 @@ RESIDUAL_STREAM_LAYER = ("components", "residual_stream")
 CAUSAL_MASK_LAYER_EARLY = ("components", "causal_mask_early")
 RESIDUAL_STREAM_LAYER_EARLY = ("components", "residual_stream_early")
 POS0_NORM_RATIO = ("position0", "norm_ratio")  # [layer + 1], embedding output first
+FINGERPRINT = ("fingerprint",)
 FINGERPRINT_BOS = ("fingerprint", "bos")
 FINGERPRINT_NO_BOS = ("fingerprint", "no_bos")
 DENOMINATORS = ("denominators",)  # per-layer means, each with ``_ci`` (``denominators.LAYER_MEANS``)
 SINK_RATE = ("sink_rate",)  # [layer]
 SINK_SCORE_MAX = ("sink_score_max",)
+SINK_SCORE_MAX_LAYER = ("sink_score_max_layer",)
+SINK_HEADS = ("sink_heads",)  # [[layer, head], ...]
 INTERVENTIONS = ("interventions",)
 BOS_REPLACE = ("interventions", "bos_replace")  # per replacement kind
 # The entries under INTERVENTIONS (``effects.registry``), as dotted paths.

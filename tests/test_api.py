@@ -1,0 +1,78 @@
+"""analyze_run and analyze.py on a trained run: every output, bad inputs refused before writing, a checkpoint
+sharded over 8 devices."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from abspos_jax.analysis import analyze_run
+from abspos_jax.data import BOS_ID
+from conftest import small_flags, xla_flags
+from helpers import FAST, ROOT, hooked_run
+
+
+@pytest.fixture
+def run_dir():
+  return hooked_run()
+
+
+def test_cli_writes_every_output(run_dir, tmp_path):
+  out = tmp_path / "analysis"
+  r = subprocess.run([sys.executable, "analyze.py", f"--workdir={run_dir}", f"--out={out}", "--num_sequences=8",
+                      "--batch_size=4", "--closedness_sequences=2"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+  assert r.returncode == 0, r.stderr[-3000:]
+  names = set(os.listdir(out))
+  assert {"summary.json", "stats.npz", "report.md", "log_z.png", "sink_mass.png", "position0.png", "fingerprint.png",
+          "components.png", "interventions.png"} <= names
+  s = json.loads((out / "summary.json").read_text())
+  L = 2
+  assert len(s["sink_rate"]) == L and len(s["fingerprint"]["bos"]) == L + 1 and len(s["fingerprint"]["no_bos"]) == L + 1
+  for key in ("causal_mask", "residual_stream", "causal_mask_early", "residual_stream_early"):
+    assert len(s["components"][key]) == L
+  assert s["closedness_max_abs_diff"] == 0.0 and s["meta"]["step"] == 4
+  assert s["meta"]["options"]["closedness_sequences"] == 2
+  for name in ("bos_replace", "pos0_patch", "sink_ablate"):
+    assert name in s["interventions"]
+  stats = np.load(out / "stats.npz")
+  assert stats["tokens"].shape == (8, 16) and (stats["tokens"][:, 0] == BOS_ID).all()
+  assert stats["log_z"].shape == (L, 4, 16) and stats["sink_mass"].shape == (L, 4, 16)
+  assert stats["log_visible"].shape == (16,) and stats["pos0_norm"].shape == (L + 1,)
+  assert "![log_z.png](log_z.png)" in (out / "report.md").read_text()
+  cmp = subprocess.run([sys.executable, "analyze.py", "--compare", str(out), str(out), f"--out={tmp_path / 'cmp'}"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+  assert cmp.returncode == 0, cmp.stderr[-2000:]
+  rows = [l.split(" | ") for l in (tmp_path / "cmp" / "comparison.md").read_text().splitlines()
+          if l.startswith("| ") and not l.startswith("| group")]
+  assert len(rows) == 1 and rows[0][1] == "2", rows  # the run twice: one group of two
+  assert rows[0][2] == f"{s['loss'][s['main_policy']]:.3f} ± 0.000"  # its loss, no spread
+
+
+def test_cli_bad_inputs_write_nothing(run_dir, tmp_path):
+  def fails(*args, match):
+    r = subprocess.run([sys.executable, "analyze.py", *args], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode != 0 and match in r.stderr, r.stderr[-2000:]
+  fails(f"--workdir={tmp_path / 'missing'}", match="does not exist")
+  fails(f"--workdir={tmp_path}", match="is not an abspos_jax run")
+  fails(f"--workdir={run_dir}", "--step=3", f"--out={tmp_path / 'a'}", match="available steps: [2, 4]")
+  fails(f"--workdir={run_dir}", "--num_sequences=0", f"--out={tmp_path / 'b'}", match="--num_sequences must be >= 2")
+  fails(f"--workdir={run_dir}", "--seq_len=64", f"--out={tmp_path / 'c'}", match="longer than the 16 tokens")
+  (tmp_path / "file").write_text("x")
+  fails(f"--workdir={run_dir}", f"--out={tmp_path / 'file' / 'analysis'}", match="cannot write there")
+  assert sorted(os.listdir(tmp_path)) == ["file"]
+
+
+@pytest.mark.slow
+def test_checkpoint_from_8_devices_analyses_on_one(tmp_path):
+  env = {**os.environ, "XLA_FLAGS": xla_flags("--xla_force_host_platform_device_count=8")}
+  cmd = [sys.executable, "train.py", "--config=configs/rope.py", f"--workdir={tmp_path}",
+         *small_flags("--config.mesh.shape=(2,2,2)", "--config.mesh.axes=('data','fsdp','tensor')",
+                      **{"train.steps": 2})]
+  r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+  assert r.returncode == 0, r.stderr[-3000:]
+  result = analyze_run(str(tmp_path), num_sequences=8, options=FAST)
+  assert result.summary["closedness_max_abs_diff"] == 0.0
+  assert (tmp_path / "analysis" / "summary.json").exists()

@@ -1,0 +1,49 @@
+"""The analysis memory model (analysis/passes/memory.py): the batch size from compiled sizes, the logits cap, the
+budget option."""
+
+import types
+
+import numpy as np
+import pytest
+
+from abspos_jax import model as model_lib
+from abspos_jax.analysis import AnalysisOptions, analyze
+from abspos_jax.analysis.passes import memory
+from conftest import small_config
+from helpers import sequences
+
+
+def test_choose_batch_size_from_a_linear_memory_model():
+  """A step that allocates ``100 + 10 B`` bytes: budget 165 -> B = 6 (160 bytes), 2 compilations plus the check."""
+  compiled = []
+
+  def compile_for(b):
+    compiled.append(b)
+    return types.SimpleNamespace(memory_analysis=lambda: types.SimpleNamespace(
+        temp_size_in_bytes=100 + 10 * b, output_size_in_bytes=7, alias_size_in_bytes=7))
+
+  assert memory.choose_batch_size(compile_for, 32, 165) == (6, 160) and compiled == [32, 1, 6]
+  assert memory.choose_batch_size(compile_for, 32, 10**6) == (32, 420)
+  with pytest.raises(ValueError, match="one sequence does not fit.*memory_budget_gb"):
+    memory.choose_batch_size(compile_for, 32, 109)
+
+
+def test_the_batch_holds_at_most_256_mib_of_one_layers_logits():
+  """[B, H, T, T] float32 within 256 MiB: 12 heads at 1,024 tokens -> 5 sequences, at 2,048 -> 1, never 0."""
+  assert memory.logits_batch_cap(12, 1024) == 5
+  assert memory.logits_batch_cap(12, 2048) == 1 and memory.logits_batch_cap(32, 8192) == 1
+  assert memory.logits_batch_cap(4, 128) == 1024
+
+
+def test_memory_budget_sets_the_batch_size():
+  m, seqs = model_lib.create(small_config()), sequences()
+  whole = analyze(m, seqs, options=AnalysisOptions(batch_size=12, interventions=False, progress=False))
+  assert whole.summary["batch_size"] == 12
+  budget = 0.6 * whole.summary["memory"]["step_gib"]
+  small = analyze(m, seqs, options=AnalysisOptions(batch_size=12, interventions=False, progress=False,
+                                                   memory_budget_gb=budget))
+  assert 1 <= small.summary["batch_size"] < 12 and small.summary["memory"]["step_gib"] <= budget
+  for name in ("log_z", "phi_s", "share_res", "probe_resid_r2"):
+    np.testing.assert_allclose(small.stats[name], whole.stats[name], rtol=1e-4, atol=1e-5, err_msg=name)
+  with pytest.raises(ValueError, match="one sequence does not fit"):
+    analyze(m, seqs, options=AnalysisOptions(interventions=False, progress=False, memory_budget_gb=1e-6))
