@@ -4,12 +4,15 @@
 
 Each value with its 95% delete-one-block jackknife interval over sequence
 blocks, as analyze.py wrote it; "n/a" where summary.json gives no value (a
-removed fraction whose component before is not clearly non-zero).
+removed fraction whose component before is not clearly non-zero). The last
+column names the code that trained and analysed the run (``meta.provenance``).
 """
 
 import glob
 import json
 import os
+
+from abspos_jax import provenance
 
 
 def ci(s: dict, path: str, digits: int = 3) -> str:
@@ -29,7 +32,17 @@ def row(name: str, s: dict) -> list[str]:
   return [name, heads, ci(s, "sink_score_max"), ci(s, "leakage.log_weights_overall", 4),
           ci(s, "components.pooled.residual_stream"), ci(s, "components.pooled_early.residual_stream"),
           ci(s, bos + "residual_stream_change_early") + " / " + ci(s, bos + "residual_stream_removed_early", 2),
-          f'{s["loss"]["prepend"]:.3f} / {s["loss"]["none"]:.3f}']
+          f'{s["loss"]["prepend"]:.3f} / {s["loss"]["none"]:.3f}', code(s)]
+
+
+def code(s: dict) -> str:
+  """The code that trained and analysed the run (``meta.provenance``); summaries from before provenance was
+  recorded say so."""
+  c = provenance.codes(s.get("meta", {}))
+  trained, analysed = ", ".join(sorted(c["trained"])), ", ".join(sorted(c["analysed"]))
+  if trained == analysed == provenance.UNKNOWN:
+    return "not recorded (older code)"
+  return trained if trained == analysed else f"trained {trained}, analysed {analysed}"
 
 
 def main() -> None:
@@ -40,8 +53,8 @@ def main() -> None:
                  key=lambda n: (n.split("-")[1], order[n.split("-")[0]], n))
   print("| run | sink heads (layer, head) | held-out max sink score | leakage of log a | pooled residual-stream "
         "share | early residual-stream share | BOS-replace[mean]: early residual change (nats^2) / removed | "
-        "loss (BOS / no BOS) |")
-  print("|" + "---|" * 8)
+        "loss (BOS / no BOS) | code |")
+  print("|" + "---|" * 9)
   for n in names:
     with open(os.path.join(here, n + ".summary.json")) as f:
       print("| " + " | ".join(row(n, json.load(f))) + " |")
