@@ -13,8 +13,7 @@ import scipy.special
 
 from abspos_jax import sweep as sweep_lib
 from abspos_jax.analysis import AnalysisOptions
-from abspos_jax.data import builders
-from abspos_jax.data import BOS_ID
+from abspos_jax.data import BOS_ID, builders
 from abspos_jax.metrics import read_metrics
 from abspos_jax.train_loop import train
 from conftest import SMALL, small_config, small_flags, xla_flags

@@ -16,8 +16,8 @@ import re
 import sys
 
 import numpy as np
-from scipy import stats as st
 
+from abspos_jax.analysis.estimators import intervals
 from abspos_jax.analysis.outputs import schema
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -34,7 +34,7 @@ def t_interval(values: list[float]) -> str:
   v = np.array([x for x in values if x is not None], float)
   if len(v) < 2:
     return "n/a" if not len(v) else f"{v[0]:.3f}"
-  half = st.t.ppf(0.975, len(v) - 1) * v.std(ddof=1) / np.sqrt(len(v))
+  half = float(intervals.seed_half_width(v))
   return f"{v.mean():.3f} [{v.mean() - half:.3f}, {v.mean() + half:.3f}]"
 
 
