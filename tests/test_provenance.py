@@ -30,32 +30,51 @@ def test_an_entry_names_code_versions_machine_command_and_time():
   assert provenance.code_id(None) == provenance.UNKNOWN
 
 
+class _Capture(logging.Handler):
+  def __init__(self):
+    super().__init__(logging.WARNING)
+    self.lines = []
+
+  def emit(self, record):
+    self.lines.append(record.getMessage())
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-  """Two runs: ``a`` trained in one go; ``b`` stopped at step 2 and resumed with (pretended) other code."""
+  """Two runs: ``a`` trained in one go; ``b`` stopped at step 2 and resumed with (pretended) other code.
+
+  The resume happens here, not in a test, so that every test of the module sees the mixed run under any
+  test order or xdist split. Returns the root and the warnings the resume logged."""
   root = tmp_path_factory.mktemp("prov")
   train(small_config(), str(root / "a"))
   train(small_config(**{"train.stop_at_step": 2, "train.seed": 1}), str(root / "b"))
-  return root
+  log, capture = logging.getLogger("abspos_jax"), _Capture()
+  log.addHandler(capture)
+  try:
+    with pytest.MonkeyPatch.context() as mp:
+      mp.setattr(provenance, "code", lambda: OTHER)
+      train(small_config(**{"train.seed": 1}), str(root / "b"))
+  finally:
+    log.removeHandler(capture)
+  return root, "\n".join(capture.lines)
 
 
-def test_a_run_records_each_start_and_resume(runs, monkeypatch, caplog):
-  a = json.loads((runs / "a" / provenance.FILE).read_text())
+def test_a_run_records_each_start_and_resume(runs):
+  root, resume_log = runs
+  a = json.loads((root / "a" / provenance.FILE).read_text())
   assert [(e["event"], e["step"]) for e in a] == [("train", 0)]
-  first = read_metrics(runs / "a")[0]
-  assert first["provenance"]["code"] == a[0]["code"] and "provenance" not in read_metrics(runs / "a")[1]
-  monkeypatch.setattr(provenance, "code", lambda: OTHER)
-  with caplog.at_level(logging.WARNING, logger="abspos_jax"):
-    train(small_config(**{"train.seed": 1}), str(runs / "b"))
-  b = json.loads((runs / "b" / provenance.FILE).read_text())
+  first = read_metrics(root / "a")[0]
+  assert first["provenance"]["code"] == a[0]["code"] and "provenance" not in read_metrics(root / "a")[1]
+  b = json.loads((root / "b" / provenance.FILE).read_text())
   assert [(e["event"], e["step"]) for e in b] == [("train", 0), ("resume", 2)]
   assert b[1]["code"] == OTHER and b[0]["code"] != OTHER
-  assert "from step 2 with different code: trained so far by git:" in caplog.text and "now git:0123456789" in caplog.text
-  records = read_metrics(runs / "b")
+  assert "from step 2 with different code: trained so far by git:" in resume_log and "now git:0123456789" in resume_log
+  records = read_metrics(root / "b")
   assert [m["step"] for m in records if "provenance" in m] == [1, 3]  # each session's first record
 
 
 def test_analysis_and_comparison_name_the_code(runs, tmp_path):
+  runs, _ = runs
   r = analyze_run(str(runs / "a"), num_sequences=4, options=FAST)
   analyze_run(str(runs / "b"), num_sequences=4, options=FAST)
   meta = json.loads((runs / "a" / "analysis" / "summary.json").read_text())["meta"]
