@@ -30,8 +30,8 @@ from abspos_jax.analysis.estimators.fixed_effects import FEDesign
 from abspos_jax.analysis.options import AnalysisOptions
 from abspos_jax.analysis.outputs import schema
 from abspos_jax.analysis.passes import memory
-from abspos_jax.analysis.passes.steps import (Statistic, init_accumulators, init_position0_pass, make_baseline_step,
-                                              make_position0_step, sweep)
+from abspos_jax.analysis.passes.steps import (CompiledStep, Statistic, init_accumulators, init_position0_pass,
+                                              make_baseline_step, make_position0_step, sweep)
 from abspos_jax.config import BOS_POLICIES
 from abspos_jax.model import Decoder, ModelSpec
 
@@ -69,26 +69,24 @@ def _passes(model: Decoder, sequences: Mapping[str, np.ndarray], main: str, stat
   spec, seq_len = model.spec, sequences[main].shape[1]
   graphdef, params = nnx.split(model, nnx.Param)
   num_groups, x0_groups = core.fingerprint_groups(sequences, spec.vocab_size)
-  # Donating the accumulators lets XLA update them in place rather than copy them every batch.
-  baseline_step = jax.jit(make_baseline_step(graphdef, design, statistics, jnp.asarray(x0_groups),
-                                             options.closedness_sequences), donate_argnums=1)
-  position0_step = jax.jit(make_position0_step(graphdef, jnp.asarray(x0_groups), options.closedness_sequences),
-                           donate_argnums=1)
+  baseline_step = CompiledStep(make_baseline_step(graphdef, design, statistics, jnp.asarray(x0_groups),
+                                                 options.closedness_sequences))
+  position0_step = CompiledStep(make_position0_step(graphdef, jnp.asarray(x0_groups), options.closedness_sequences))
   init = functools.partial(init_accumulators, spec, seq_len, statistics, options.num_blocks, num_groups=num_groups)
   init_other = functools.partial(init_position0_pass, spec, num_groups)
   others = [p for p in sequences if p != main]
   held = _nbytes(jax.eval_shape(init)) + len(others) * _nbytes(jax.eval_shape(init_other))
   options, step_memory = _fit_batch_size(baseline_step, params, jax.eval_shape(init), sequences, options, held)
-  acc = sweep(lambda a, t, s: baseline_step(params, a, t, s), init(), sequences[main], options.batch_size,
-              f"analysis[{main}]", progress=options.progress)
+  acc = sweep(baseline_step, params, init(), sequences[main], options.batch_size, f"analysis[{main}]",
+              progress=options.progress)
   finals = {main: {**jax.jit(core.finalize_core, static_argnames="options")(acc, visible, design, options),
                    **{name: jax.block_until_ready(core.finalize_probe(acc[name], options.probe_ridge))
                       for name in probes.PROBES},
                    "acc": acc}}
   del acc
   for policy in others:
-    acc = sweep(lambda a, t, s: position0_step(params, a, t, s), init_other(), sequences[policy], options.batch_size,
-                f"analysis[{policy}]", progress=options.progress)
+    acc = sweep(position0_step, params, init_other(), sequences[policy], options.batch_size, f"analysis[{policy}]",
+                progress=options.progress)
     finals[policy] = {"position0": jax.jit(position0.finalize)(acc["position0"]), "acc": acc}
   return finals, options, step_memory
 
@@ -163,7 +161,7 @@ def _fit_batch_size(step, params, acc, sequences: Mapping[str, np.ndarray],
   2,048 tokens they are gigabytes (the residual probe's blocked Gram
   matrices). The batch is also capped at :func:`memory.logits_batch_cap`
   (one layer's logits within 256 MiB: larger batches are slower on the CPU).
-  The compiled programs are the ones the sweep then runs (jit reuses them).
+  The compiled programs are the ones the sweep then runs (:class:`steps.CompiledStep`).
   Returns the options and the summary's ``memory`` entry.
   """
   free = memory.available_bytes() - held
@@ -175,8 +173,8 @@ def _fit_batch_size(step, params, acc, sequences: Mapping[str, np.ndarray],
   seq_len = next(iter(sequences.values())).shape[1]
 
   def compile_for(b: int):
-    return step.lower(params, acc, jax.ShapeDtypeStruct((b, seq_len), jnp.int32),
-                      jax.ShapeDtypeStruct((b,), jnp.int32)).compile()
+    return step.compiled(params, acc, jax.ShapeDtypeStruct((b, seq_len), jnp.int32),
+                         jax.ShapeDtypeStruct((b,), jnp.int32))
 
   largest = min(options.batch_size, max(len(t) for t in sequences.values()),
                 memory.logits_batch_cap(acc["leakage"]["lz"].shape[2], seq_len))

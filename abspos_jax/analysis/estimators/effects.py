@@ -25,7 +25,7 @@ from abspos_jax.analysis.estimators import denominators, fixed_effects, interval
 from abspos_jax.analysis.passes import edits
 
 from abspos_jax.analysis.outputs import schema
-from abspos_jax.analysis.passes.steps import forward, make_intervention_step, sweep
+from abspos_jax.analysis.passes.steps import CompiledStep, forward, make_intervention_step, sweep
 from abspos_jax.analysis.estimators.fixed_effects import FEDesign
 from abspos_jax.analysis.options import AnalysisOptions
 from abspos_jax.model import Decoder
@@ -39,17 +39,21 @@ _COMPONENT_KEYS = {"causal_mask": "cov_mask", "residual_stream": "cov_res"}
 class Intervention:
   """One entry of summary.json's ``interventions`` (``name``: its key path, e.g. ``bos_replace.mean``).
 
-  ``edits(model, tokens, source) -> {hook point: Edit}`` builds the pass's
-  edits inside the trace (``source``: another sequence per row, for
-  ``pos0_patch``). The pass is measured on ``design`` (None: the model's
-  mask) and compared with the baseline pass, or, with ``reference``, with a
-  pass without edits measured on that design. ``info`` goes into the entry
-  as it is.
+  ``edits(model, tokens, source, operand) -> {hook point: Edit}`` builds the
+  pass's edits inside the trace (``source``: another sequence per row, for
+  ``pos0_patch``; ``operand``: this intervention's arrays, a traced input, so
+  that the interventions sharing one ``edits`` function share one compiled
+  pass). The pass is measured on ``design`` (None: the model's mask) and
+  compared with the baseline pass, or, with ``reference``, with the same
+  pass under ``reference_operand`` measured on that design. ``info`` goes into
+  the entry as it is.
   """
   name: str
-  edits: Callable[[Decoder, jax.Array, jax.Array], dict]
+  edits: Callable[[Decoder, jax.Array, jax.Array, Any], dict]
+  operand: Any = ()
   design: FEDesign | None = None
   reference: FEDesign | None = None
+  reference_operand: Any = ()
   info: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
 
@@ -64,28 +68,38 @@ def sink_ablate_heads(sink: dict) -> tuple[np.ndarray, str]:
   return top, "no sink-reading head: the highest-scoring head of each layer (half-0 scores)"
 
 
-def _pos0_source(model: Decoder, tokens: jax.Array, source: jax.Array) -> dict:
+def _bos_replace(model: Decoder, tokens: jax.Array, source: jax.Array, replacement: dict) -> dict:
+  return edits.bos_replace(replacement)
+
+
+def _pos0_patch(model: Decoder, tokens: jax.Array, source: jax.Array, operand: Any) -> dict:
   return edits.pos0_patch(jnp.moveaxis(forward(model, source)["resid"][:, :, 0], 1, 0))
+
+
+def _sink_ablate(model: Decoder, tokens: jax.Array, source: jax.Array, heads: jax.Array) -> dict:
+  return edits.sink_ablate(heads)
 
 
 def registry(embed: jax.Array, main: str, other_policy: str | None, visible: jax.Array, sink: dict,
              options: AnalysisOptions) -> list[Intervention]:
   """The interventions of one analysis: BOS replacement (under ``main == "prepend"`` only: elsewhere position 0
-  holds a text token), the position-0 patch and the sink ablation."""
+  holds a text token), the position-0 patch and the sink ablation (its reference: the same pass with no head
+  ablated)."""
   out = []
   if main == "prepend":
     for kind in edits.BOS_REPLACEMENTS:
-      out.append(Intervention(f"bos_replace.{kind}", lambda mdl, t, src, kind=kind: edits.bos_replace(
-          embed, kind, token=options.bos_replace_token)))
+      out.append(Intervention(f"bos_replace.{kind}", _bos_replace,
+                              edits.bos_replacement(embed, kind, token=options.bos_replace_token)))
   source = (f"position-0 stream of the next sequence under bos={other_policy!r}" if other_policy else
             "position-0 stream of the next sequence")
-  out.append(Intervention("pos0_patch", _pos0_source, info={"source": source}))
+  out.append(Intervention("pos0_patch", _pos0_patch, info={"source": source}))
   heads, rule = sink_ablate_heads(sink)
   cells = edits.sink_cells(visible, heads)
   out.append(Intervention(
-      "sink_ablate", lambda mdl, t, src: edits.sink_ablate(heads),
+      "sink_ablate", _sink_ablate, jnp.asarray(heads, bool),
       design=fixed_effects.make_design(cells),  # the ablated heads normalise over the cells ...
       reference=fixed_effects.make_design(cells, keys=fixed_effects.layer_mask(visible)),  # ... and over key 0
+      reference_operand=jnp.zeros(heads.shape, bool),
       info={"heads": [[int(l), int(h)] for l, h in zip(*np.nonzero(heads))], "heads_rule": rule,
             "cells": "per head, the same cells before and after: the model's mask, without key 0 for queries i >= 1 "
                      "in the ablated heads; each pass's mask-only normaliser counts the keys its softmax normalises "
@@ -93,24 +107,27 @@ def registry(embed: jax.Array, main: str, other_policy: str | None, visible: jax
   return out
 
 
+def _estimates(keep: jax.Array, before: dict, design_before: FEDesign, after: dict, design_after: FEDesign,
+               early_max: int) -> dict:
+  """Each component's covariance before, its change and the fraction removed, from the kept blocks."""
+  b = leakage.finalize(before, design_before, keep, early_max=early_max)
+  a = leakage.finalize(after, design_after, keep, early_max=early_max)
+  out = {}
+  for prefix in ("", "early_"):
+    for key in _COMPONENT_KEYS.values():
+      for scope in ("_overall", "_layer"):
+        k = prefix + key + scope
+        out[k + ".before"] = b[k]
+        out[k + ".change"] = a[k] - b[k]
+        out[k + ".removed"] = 1.0 - a[k] / b[k]
+        out[k + ".scale"] = b[prefix + "var_phi" + scope]
+  return out
+
+
 def _effect(before: dict, design_before: FEDesign, after: dict, design_after: FEDesign, early_max: int,
             num_blocks: int) -> dict:
   """Per leave-one-block-out: each component's covariance before, its change and the fraction removed."""
-  def estimates(keep, before, design_before, after, design_after):
-    b = leakage.finalize(before, design_before, keep, early_max=early_max)
-    a = leakage.finalize(after, design_after, keep, early_max=early_max)
-    out = {}
-    for prefix in ("", "early_"):
-      for key in _COMPONENT_KEYS.values():
-        for scope in ("_overall", "_layer"):
-          k = prefix + key + scope
-          out[k + ".before"] = b[k]
-          out[k + ".change"] = a[k] - b[k]
-          out[k + ".removed"] = 1.0 - a[k] / b[k]
-          out[k + ".scale"] = b[prefix + "var_phi" + scope]
-    return out
-
-  return intervals.evaluate(estimates, num_blocks, before, design_before, after, design_after)
+  return intervals.evaluate(_estimates, num_blocks, before, design_before, after, design_after, early_max=early_max)
 
 
 def _effect_entry(ci: dict) -> dict:
@@ -160,20 +177,23 @@ def run(model: Decoder, sequences: Mapping[str, np.ndarray], main: str, visible:
   source = np.roll(sequences[others[0]] if others else toks, -1, axis=0)
   spec, design = model.spec, fixed_effects.make_design(visible)
 
-  def measured(name: str, edits: Callable, on: FEDesign) -> dict:
-    step = jax.jit(make_intervention_step(graphdef, on, edits), donate_argnums=1)
+  steps: dict[Callable, CompiledStep] = {}  # one compiled pass per edits function
+
+  def measured(name: str, edits_fn: Callable, operand: Any, on: FEDesign) -> dict:
+    if edits_fn not in steps:
+      steps[edits_fn] = CompiledStep(make_intervention_step(graphdef, edits_fn))
     acc = {"leakage": leakage.init(spec.num_layers, spec.num_heads, toks.shape[1], options.num_blocks),
            "denominators": denominators.init(spec.num_layers, spec.num_heads, toks.shape[1], options.num_blocks)}
-    return sweep(lambda a, t, s, src: step(params, a, t, s, src), acc, toks, options.batch_size,
-                 f"intervention[{name}]", source, progress=options.progress)
+    return sweep(steps[edits_fn], params, acc, toks, options.batch_size, f"intervention[{name}]", source,
+                 args=(on, operand), progress=options.progress)
 
   out: dict = {"bos_replace": {}}
   for iv in registry(model.embed[...], main, others[0] if others else None, visible, baseline["sinks"], options):
     after_design = iv.design or design
-    after = measured(iv.name, iv.edits, after_design)
+    after = measured(iv.name, iv.edits, iv.operand, after_design)
     before, before_design = baseline["acc"]["leakage"], design
     if iv.reference is not None:
-      before = measured(iv.name + ".reference", lambda mdl, t, src: {}, iv.reference)["leakage"]
+      before = measured(iv.name + ".reference", iv.edits, iv.reference_operand, iv.reference)["leakage"]
       before_design = iv.reference
     ci = intervals.summarize(_effect(before, before_design, after["leakage"], after_design, options.early_max,
                                      options.num_blocks), baseline["acc"]["leakage"]["n"])

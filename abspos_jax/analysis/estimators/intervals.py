@@ -33,8 +33,8 @@ def keep_masks(num_blocks: int) -> jax.Array:
   return jnp.concatenate([ones, 1.0 - jnp.eye(num_blocks, dtype=jnp.float32)])
 
 
-def evaluate(fn: Callable[..., Any], num_blocks: int, *args: Any) -> Any:
-  """``fn(keep, *args)`` for every row of :func:`keep_masks`, stacked on a leading axis.
+def evaluate(fn: Callable[..., Any], num_blocks: int, *args: Any, **static: Any) -> Any:
+  """``fn(keep, *args, **static)`` for every row of :func:`keep_masks`, stacked on a leading axis.
 
   ``fn`` is jitted once and called once per keep from a Python loop, each
   call finished before the next starts, so the ``K + 1`` evaluations hold one
@@ -44,10 +44,11 @@ def evaluate(fn: Callable[..., Any], num_blocks: int, *args: Any) -> Any:
   worker thread idle while the result never became ready; see
   docs/analysis.md, "Known issue"). Pass the arrays ``fn`` reads as ``args``
   rather than closing over them, so they are not baked into the program as
-  constants.
+  constants, and Python values as ``static`` keywords: a module-level ``fn``
+  then compiles once per shape of ``args``, however often it is evaluated.
   """
-  jitted = jax.jit(fn)
-  rows = [jax.block_until_ready(jitted(keep, *args)) for keep in keep_masks(num_blocks)]
+  jitted = jax.jit(fn, static_argnames=tuple(static))
+  rows = [jax.block_until_ready(jitted(keep, *args, **static)) for keep in keep_masks(num_blocks)]
   return jax.tree.map(lambda *x: jnp.stack(x), *rows)
 
 

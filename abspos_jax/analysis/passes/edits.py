@@ -38,15 +38,21 @@ def replacement_vector(embed: jax.Array, kind: str, *, token: int, key: jax.Arra
   raise ValueError(f"bos_replace kind must be one of {', '.join(BOS_REPLACEMENTS)}, got {kind!r}")
 
 
-def bos_replace(embed: jax.Array, kind: str, *, token: int = 10) -> dict[str, Edit]:
-  """Replace the token embedding at position 0 (``embed [V, D]`` is the model's table)."""
-  vec = replacement_vector(embed, kind, token=token)
+def bos_replacement(embed: jax.Array, kind: str, *, token: int = 10) -> dict[str, jax.Array]:
+  """What :func:`bos_replace` puts at position 0 for ``kind``: ``vector [D]`` and ``rescale`` (a bool scalar,
+  True for ``random``: the vector is scaled to the norm of the embedding it replaces). Arrays, so that every kind
+  runs in one compiled pass."""
+  return {"vector": replacement_vector(embed, kind, token=token), "rescale": jnp.asarray(kind == "random")}
+
+
+def bos_replace(replacement: dict[str, jax.Array]) -> dict[str, Edit]:
+  """Replace the token embedding at position 0 by ``replacement`` (:func:`bos_replacement`)."""
+  vec, rescale = replacement["vector"], replacement["rescale"]
 
   def edit(e: jax.Array) -> jax.Array:  # e [B, T, D]
     new = jnp.broadcast_to(vec.astype(e.dtype), e[:, 0].shape)
-    if kind == "random":  # match the norm of what it replaces, per sequence
-      new = new * (jnp.linalg.norm(e[:, 0], axis=-1, keepdims=True) / jnp.linalg.norm(vec))
-    return e.at[:, 0].set(new)
+    scaled = new * (jnp.linalg.norm(e[:, 0], axis=-1, keepdims=True) / jnp.linalg.norm(vec))
+    return e.at[:, 0].set(jnp.where(rescale, scaled, new))
 
   return {hooks_lib.EMBED_TOKENS: edit}
 
@@ -57,18 +63,21 @@ def pos0_patch(source: jax.Array) -> dict[str, Edit]:
           for l in range(source.shape[0])}
 
 
-def sink_ablate(heads: np.ndarray) -> dict[str, Edit]:
-  """Remove key 0 for queries ``i >= 1`` in the heads where ``heads [L, H]`` is True."""
+def sink_ablate(heads: jax.Array) -> dict[str, Edit]:
+  """Remove key 0 for queries ``i >= 1`` in the heads where ``heads [L, H]`` (bool) is True.
+
+  Every layer gets the edit, so that ``heads`` can be a traced input (one
+  compiled pass for any choice of heads); where it is False the logits pass
+  through unchanged (``where(False, -inf, s) = s``).
+  """
   edits = {}
-  for l, row in enumerate(np.asarray(heads, bool)):
-    if row.any():
-      sel = jnp.asarray(row)[None, :, None, None]
+  for l in range(heads.shape[0]):
+    def edit(s, l=l):  # s [B, H, T, T]
+      drop = (jnp.asarray(heads[l])[None, :, None, None] & (jnp.arange(s.shape[-2])[:, None] >= 1)
+              & (jnp.arange(s.shape[-1])[None, :] == 0))
+      return jnp.where(drop, -jnp.inf, s)
 
-      def edit(s, sel=sel):  # s [B, H, T, T]
-        drop = sel & (jnp.arange(s.shape[-2])[:, None] >= 1) & (jnp.arange(s.shape[-1])[None, :] == 0)
-        return jnp.where(drop, -jnp.inf, s)
-
-      edits[hooks_lib.attn(l, "logits")] = edit
+    edits[hooks_lib.attn(l, "logits")] = edit
   return edits
 
 

@@ -324,28 +324,67 @@ def make_position0_step(graphdef: nnx.GraphDef, x0_groups: jax.Array | None = No
   return step
 
 
-def make_intervention_step(graphdef: nnx.GraphDef, design: FEDesign, edits_fn):
-  """``step(params, acc, tokens, seq_ids, source) -> acc`` accumulating leakage and denominators.
+def make_intervention_step(graphdef: nnx.GraphDef, edits_fn):
+  """``step(params, acc, tokens, seq_ids, source, design, operand) -> acc`` accumulating leakage and denominators.
 
-  ``edits_fn(model, tokens, source)`` builds the edits inside the trace (it may
-  run the model on ``source`` first, as ``pos0_patch`` does). Both are
-  measured on ``design``: leakage on its cells (per head for ``sink_ablate``,
-  see ``interventions.sink_cells``), the denominator statistics over its keys,
-  from the same pass over the logits (for ``sink_ablate`` the keys each head's
-  softmax sees, so ``excess`` counts ``i`` keys in an ablated head).
+  ``edits_fn(model, tokens, source, operand)`` builds the edits inside the
+  trace (it may run the model on ``source`` first, as ``pos0_patch`` does).
+  Both are measured on ``design`` (an input, like ``operand``: one program
+  serves every intervention of one ``edits_fn``): leakage on its cells (per
+  head for ``sink_ablate``, see ``edits.sink_cells``), the denominator
+  statistics over its keys, from the same pass over the logits (for
+  ``sink_ablate`` the keys each head's softmax sees, so ``excess`` counts
+  ``i`` keys in an ablated head).
   """
-  def step(params, acc, tokens, seq_ids, source):
+  def step(params, acc, tokens, seq_ids, source, design, operand):
     model = nnx.merge(graphdef, params)
-    return fold_pass(model, acc, tokens, seq_ids, design, edits=edits_fn(model, tokens, source))[0]
+    return fold_pass(model, acc, tokens, seq_ids, design, edits=edits_fn(model, tokens, source, operand))[0]
 
   return step
 
 
-def sweep(step: Callable, acc: Any, tokens: np.ndarray, batch_size: int, desc: str, *extra: np.ndarray,
-          progress: bool = True) -> Any:
-  """Fold every batch of ``tokens [N, T]`` (and of the arrays in ``extra``, batched alike) into ``acc``.
+class CompiledStep:
+  """``fn(params, acc, tokens [B, T], seq_ids [B], *args) -> acc`` jitted with ``acc`` donated, compiled once per
+  shape of its inputs and run on one device.
 
-  ``step(acc, tokens, seq_ids, *extra) -> acc`` donates ``acc``; a leaf that
+  Every input is committed to ``device`` (:meth:`put`), so a sweep's first
+  call, whose accumulators come from an init function, runs the same program
+  as the later ones, which get the step's own output; and the programs that
+  the memory budget compiles to measure a batch size (:meth:`compiled` on
+  shapes) are the ones the sweep then calls. ``args`` (batched like the tokens,
+  or not: a design, an intervention's operands) are traced inputs, so steps
+  that differ only in their values share one program.
+  """
+
+  def __init__(self, fn: Callable, device: jax.Device | None = None):
+    self.device = device or jax.local_devices()[0]
+    self._jit = jax.jit(fn, donate_argnums=1)
+    self._programs: dict = {}
+
+  def put(self, tree: Any) -> Any:
+    """``tree``'s arrays committed to the step's device (no copy where they already are there)."""
+    return jax.device_put(tree, self.device)
+
+  def compiled(self, *inputs: Any):
+    """The compiled program for ``inputs`` (arrays or ``ShapeDtypeStruct`` s): compiled on first use."""
+    avals = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, weak_type=getattr(x, "weak_type", False),
+                                                        sharding=jax.sharding.SingleDeviceSharding(self.device)),
+                         inputs)
+    key = (jax.tree.structure(avals), tuple((a.shape, a.dtype, a.weak_type) for a in jax.tree.leaves(avals)))
+    if key not in self._programs:
+      self._programs[key] = self._jit.lower(*avals).compile()
+    return self._programs[key]
+
+  def __call__(self, *inputs: Any) -> Any:
+    return self.compiled(*inputs)(*inputs)
+
+
+def sweep(step: CompiledStep, params: Any, acc: Any, tokens: np.ndarray, batch_size: int, desc: str,
+          *batched: np.ndarray, args: tuple = (), progress: bool = True) -> Any:
+  """Fold every batch of ``tokens [N, T]`` (and of the arrays in ``batched``, batched alike) into ``acc``.
+
+  Each batch is ``step(params, acc, tokens, seq_ids, *batched, *args)``;
+  ``args`` are the same for every batch. ``acc`` is donated; a leaf that
   shares its buffer with an earlier one is copied first, because init
   functions may hand one zeros array to several leaves and a buffer cannot be
   donated twice (copying only those keeps the accumulators' memory at 1x: 4.3
@@ -362,11 +401,13 @@ def sweep(step: Callable, acc: Any, tokens: np.ndarray, batch_size: int, desc: s
     seen.add(id(x))
     return x
 
-  acc = jax.tree.map(own, acc)
+  acc = step.put(jax.tree.map(own, acc))
+  params, args = step.put(params), step.put(args)
   with tqdm(total=len(tokens), desc=desc, unit="seq", disable=not progress, leave=False, dynamic_ncols=True) as bar:
     for start in range(0, len(tokens), batch_size):
       stop = min(start + batch_size, len(tokens))
-      args = [jnp.asarray(x[start:stop]) for x in extra]
-      acc = jax.block_until_ready(step(acc, jnp.asarray(tokens[start:stop]), jnp.arange(start, stop), *args))
+      inputs = step.put([tokens[start:stop], np.arange(start, stop, dtype=np.int32),
+                         *(x[start:stop] for x in batched)])
+      acc = jax.block_until_ready(step(params, acc, *inputs, *args))
       bar.update(stop - start)
   return acc
