@@ -31,6 +31,24 @@ def test_fixed_effects_match_lstsq(t, window):
       np.testing.assert_allclose(fe.query_effect(design, coef), np_phi(vis, ref[t:]), atol=2e-5)
 
 
+@pytest.mark.parametrize("window", [None, 24, "sink"])
+def test_solve_equals_the_pseudo_inverse_at_longer_length(window):
+  """The O(T) conjugate-gradient solve against G^+ in float64 at T = 96: causal, windowed, and causal without
+  key 0 for queries i >= 1 (sink_ablate's cells), to float32 rounding of the coefficients."""
+  t, rng = 96, np.random.default_rng(7)
+  vis = mask(t) & ~((np.arange(t)[:, None] >= 1) & (np.arange(t)[None, :] == 0)) if window == "sink" else mask(t, window)
+  design = fe.make_design(vis, keys=mask(t))
+  i, j = np.nonzero(vis)
+  s = rng.normal(size=(t, t)) + 2.0 * rng.normal(size=(t, 1)) + np.log1p(np.arange(t))
+  offsets, queries = np.bincount(i - j, s[i, j], minlength=t), np.where(vis, s, 0).sum(1)
+  incidence = np.zeros((t, t))
+  incidence[i, i - j] = 1.0
+  gram = np.block([[np.diag(incidence.sum(0)), incidence.T], [incidence, np.diag(incidence.sum(1))]])
+  want = np.linalg.pinv(gram, rcond=1e-10, hermitian=True) @ np.concatenate([offsets, queries])
+  got = fe.fit_two_way(design, jnp.asarray(offsets, jnp.float32), jnp.asarray(queries, jnp.float32))
+  np.testing.assert_allclose(got, want, atol=2e-6 * np.abs(want).max())
+
+
 @settings(max_examples=15, deadline=None)
 @given(t=st.integers(2, 10), window=st.one_of(st.none(), st.integers(1, 10)), seed=st.integers(0, 2**16))
 def test_query_function_and_linearity(t, window, seed):
@@ -64,8 +82,11 @@ def test_make_design_rejects_bad_masks():
   gap[4, 2] = False
   with pytest.raises(ValueError, match="contiguous"):
     fe.make_design(gap)
+  shrinking = mask(5) & ~((np.arange(5)[:, None] == 4) & (np.arange(5)[None, :] < 3))  # query 4: 2 cells, 3: 4
+  with pytest.raises(ValueError, match="as many for a later query"):
+    fe.make_design(shrinking, keys=mask(5))
   stacked = fe.make_design(np.stack([mask(5), mask(5, 2), mask(5)]))
-  assert stacked.normal_pinv.shape == (3, 10, 10)
+  assert stacked.first_query.shape == (3, 5)
   # References of the mask-only normaliser: n keys none of which is key 0; p = T-1 for n = T.
   d = fe.make_design(mask(5))
   np.testing.assert_array_equal(d.ref_count, [4, 3, 2, 1, 1])

@@ -18,12 +18,28 @@ sums of squares: for any coefficients ``c`` (offsets first) and ``n`` sequences,
 
     SSE(c) = sum x^2 - 2 c . D^T x + n c^T G c.
 
-``G^+`` is precomputed once per distinct mask in float64. ``alpha`` and
-``beta`` are identified only up to a shared constant; the centred query effect
-``phi_i = beta_i - sum_i |C(i)| beta_i / n_cells`` (cell-weighted: query ``i``
-counts ``|C(i)|`` times, ``C(i)`` its cells) is unique whenever the bipartite
-graph of queries and offsets is connected, which holds for every mask that
-shows each query itself (offset 0 links all queries). ``make_design`` checks it.
+``G`` is never formed. Every mask the analysis meets (causal, sliding window,
+and either with key 0 taken out for queries ``i >= 1``) gives query ``i`` the
+cells of offsets ``d < n_i``, with ``n_i`` non-decreasing in ``i``, so with
+``S [T, T]`` the query-by-offset incidence (``S_id = [d < n_i]``),
+
+    G = [[diag(o), S^T], [S, diag(n)]],   o_d = #{i : n_i > d},
+
+and ``G c`` costs ``O(T)``: ``S alpha`` is a prefix sum of ``alpha``, ``S^T
+beta`` a suffix sum of ``beta``. The normal equations are solved by conjugate
+gradients preconditioned with ``diag(G) = (o, n)`` (Jacobi), from zero, to a
+relative residual ``||D^T x / n - G c|| <= TOLERANCE ||D^T x / n||`` (about
+ten iterations at any ``T`` for these layouts; at most ``MAX_ITERATIONS``),
+``O(T)`` time and memory per mask and iteration. ``G`` is singular along
+``(1 on the used offsets, -1 on the queries)`` (a shared constant moved from
+the query to the offset effects) and zero on offsets no cell has; removing
+the solution's component along that direction, with zero on the unused
+offsets, gives the minimum-norm solution ``G^+ D^T x / n``.
+
+``alpha`` and ``beta`` are identified only up to that shared constant; the
+centred query effect ``phi_i = beta_i - sum_i |C(i)| beta_i / n_cells``
+(cell-weighted: query ``i`` counts ``|C(i)|`` times, ``C(i)`` its cells) is
+unique, since offset 0 links every query (each query sees itself).
 
 Arrays are float32; ``T`` is the sequence length.
 """
@@ -57,8 +73,8 @@ class FEDesign(NamedTuple):
     query_count: float32 ``[..., T]``, ``|C(i)|``, the keys of query ``i``.
     offset_count: float32 ``[..., T]``, cells with offset ``d``.
     n_cells: float32 ``[...]``.
-    gram: float32 ``[..., 2T, 2T]``, ``G`` (offset block first).
-    normal_pinv: float32 ``[..., 2T, 2T]``, ``G^+``.
+    first_query: int32 ``[..., T]``, the first query with a cell at offset ``d``
+      (``#{i : n_i <= d}``; ``T`` where none): ``S^T`` reads suffix sums there.
   """
 
   visible: jax.Array
@@ -70,8 +86,7 @@ class FEDesign(NamedTuple):
   query_count: jax.Array
   offset_count: jax.Array
   n_cells: jax.Array
-  gram: jax.Array
-  normal_pinv: jax.Array
+  first_query: jax.Array
 
 
 def _skew_mask(mask: np.ndarray, name: str) -> np.ndarray:
@@ -110,19 +125,13 @@ def _design_arrays(visible: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, .
   ref_valid[t - 1, empty & used & key_valid[t - 1]] = True
   ref_count = ref_valid.sum(0).astype(np.float64)
   offset_count = skew_valid.sum(0).astype(np.float64)
-  sv = skew_valid.astype(np.float64)
-  gram = np.block([[np.diag(offset_count), sv.T], [sv, np.diag(query_count.astype(np.float64))]])
-  w, v = np.linalg.eigh(gram)
-  keep = w > 1e-8 * w.max()  # nonzero eigenvalues are >= ~1 for causal masks
-  # Null space: the shared constant plus one direction per unused offset.
-  expected_rank = 2 * t - 1 - int((offset_count == 0).sum())
-  if keep.sum() != expected_rank:
-    raise ValueError("query effects are not identified: the (query, offset) graph of this mask is disconnected")
-  pinv = (v[:, keep] / w[keep]) @ v[:, keep].T
+  if not (skew_valid == (d < query_count[:, None])).all() or np.any(np.diff(query_count) < 0):
+    raise ValueError("the cells of every query must be its nearest offsets, as many for a later query as for an "
+                     "earlier one (causal or sliding-window masks, optionally without key 0)")
+  first_query = np.searchsorted(query_count, np.arange(t), side="right")
   return (visible, skew_valid, key_valid, key_count.astype(np.float32), ref_valid, ref_count.astype(np.float32),
-          query_count.astype(np.float32),
-          offset_count.astype(np.float32), np.float32(visible.sum()), gram.astype(np.float32),
-          pinv.astype(np.float32))
+          query_count.astype(np.float32), offset_count.astype(np.float32), np.float32(visible.sum()),
+          first_query.astype(np.int32))
 
 
 def make_design(visible: np.ndarray | jax.Array, keys: np.ndarray | jax.Array | None = None) -> FEDesign:
@@ -131,8 +140,8 @@ def make_design(visible: np.ndarray | jax.Array, keys: np.ndarray | jax.Array | 
   ``keys`` (same shape or broadcastable): the keys each query's softmax
   normalises over, when the cells are fewer (``sink_ablate``'s reference pass
   measures the cells without key 0 while the model still normalises over it);
-  default the cells. Runs on the host (float64 eigendecomposition of each
-  distinct mask).
+  default the cells. Runs on the host, ``O(T^2)`` per distinct mask for its
+  checks; the design itself is ``O(T)`` arrays beside the masks.
   """
   vis = np.asarray(visible, dtype=bool)
   if vis.ndim not in (2, 3, 4):
@@ -183,22 +192,92 @@ def query_function_effect(design: FEDesign, f: jax.Array) -> jax.Array:
   return f - cell_mean_of_query_function(design, f)[..., None]
 
 
+def _take(x: jax.Array, index: jax.Array) -> jax.Array:
+  """``x[..., index_j]`` for each ``j``, broadcasting the leading axes of ``x [..., T+1]`` and ``index [..., T]``."""
+  lead = jnp.broadcast_shapes(x.shape[:-1], index.shape[:-1])
+  return jnp.take_along_axis(jnp.broadcast_to(x, lead + x.shape[-1:]),
+                             jnp.broadcast_to(index, lead + index.shape[-1:]), -1)
+
+
+def _prefix_at(x: jax.Array, index: jax.Array) -> jax.Array:
+  """``sum_{k < index_j} x_k`` for each ``j``: ``x [..., T]``, ``index [..., T]`` int in ``[0, T]``."""
+  return _take(jnp.concatenate([jnp.zeros_like(x[..., :1]), jnp.cumsum(x, -1)], -1), index)
+
+
+def _suffix_at(x: jax.Array, index: jax.Array) -> jax.Array:
+  """``sum_{k >= index_j} x_k`` for each ``j`` (``index`` in ``[0, T]``; ``T`` gives exactly 0)."""
+  return _take(jnp.concatenate([jnp.cumsum(x[..., ::-1], -1)[..., ::-1], jnp.zeros_like(x[..., :1])], -1), index)
+
+
+def _s(design: FEDesign, alpha: jax.Array) -> jax.Array:
+  """``S alpha``: per query, the sum over its offsets ``d < n_i``; ``[..., T]``."""
+  return _prefix_at(alpha, design.query_count.astype(jnp.int32))
+
+
+def _s_transpose(design: FEDesign, beta: jax.Array) -> jax.Array:
+  """``S^T beta``: per offset, the sum over the queries that have it; ``[..., T]``."""
+  return _suffix_at(beta, design.first_query)
+
+
 def gram_times(design: FEDesign, coef: jax.Array) -> jax.Array:
-  """``G coef``: ``[..., 2T] -> [..., 2T]``."""
-  return jnp.einsum("...k,...jk->...j", coef, design.gram, precision=HIGHEST)
+  """``G coef``: ``[..., 2T] -> [..., 2T]`` in ``O(T)``."""
+  t = coef.shape[-1] // 2
+  alpha, beta = coef[..., :t], coef[..., t:]
+  return jnp.concatenate([design.offset_count * alpha + _s_transpose(design, beta),
+                          _s(design, alpha) + design.query_count * beta], -1)
+
+
+TOLERANCE = 1e-6  # relative residual of the fixed-effects solve
+MAX_ITERATIONS = 100
+
+
+def _solve(design: FEDesign, rhs: jax.Array) -> jax.Array:
+  """The minimum-norm solution of ``G coef = rhs`` (``rhs [..., 2T]`` in the range of ``G``).
+
+  Jacobi-preconditioned conjugate gradients from zero, every mask of the
+  batch until each meets ``TOLERANCE`` (or ``MAX_ITERATIONS``), then the null
+  direction removed (module docstring).
+  """
+  used = design.offset_count > 0
+  diag = jnp.concatenate([jnp.where(used, design.offset_count, 1.0), design.query_count], -1)
+  dot = lambda a, b: (a * b).sum(-1, keepdims=True)  # noqa: E731
+
+  def body(state):
+    x, r, p, rz, k = state
+    gp = gram_times(design, p)
+    pgp = dot(p, gp)
+    step = jnp.where(pgp > 0, rz / jnp.where(pgp > 0, pgp, 1.0), 0.0)
+    x, r = x + step * p, r - step * gp
+    z = r / diag
+    rz_new = dot(r, z)
+    p = z + jnp.where(rz > 0, rz_new / jnp.where(rz > 0, rz, 1.0), 0.0) * p
+    return x, r, p, rz_new, k + 1
+
+  def more(state):
+    _, r, _, _, k = state
+    return (k < MAX_ITERATIONS) & jnp.any(jnp.sqrt(dot(r, r)) > goal)
+
+  null = jnp.concatenate([used.astype(rhs.dtype), -jnp.ones_like(design.query_count)], -1)
+  rhs = rhs - dot(rhs, null) / dot(null, null) * null  # into the range of G: rounding can leave it just outside
+  goal = TOLERANCE * jnp.sqrt(dot(rhs, rhs))
+  z0 = rhs / diag
+  x = jax.lax.while_loop(more, body, (jnp.zeros_like(rhs), rhs, z0, dot(rhs, z0), 0))[0]
+  return x - dot(x, null) / dot(null, null) * null
 
 
 def fit_two_way(design: FEDesign, offset_means: jax.Array, query_means: jax.Array) -> jax.Array:
-  """Model A from ``D^T x / n`` (``offset_means, query_means [..., T]``): coefficients ``[..., 2T]``.
+  """Model A from ``D^T x / n`` (``offset_means, query_means [..., T]``): the minimum-norm coefficients
+  ``G^+ D^T x / n``, ``[..., 2T]``.
 
-  The minimum-norm solution ``G^+ D^T x / n``, plus one step of iterative
-  refinement: in float32 the right-hand side is much larger than the
-  coefficients (error ~1e-4 at T = 128 without it, ~1e-6 with it).
+  :func:`_solve`, then one step of iterative refinement (the same solve on
+  the residual, added): in float32 conjugate gradients stall near a relative
+  residual of 1e-7, and run on past it they drift; the refinement takes the
+  coefficients to float rounding (within 2e-6 of their size of a float64
+  solve up to T = 2,048, causal and windowed).
   """
   rhs = jnp.concatenate([offset_means, query_means], -1)
-  solve = lambda r: jnp.einsum("...k,...jk->...j", r, design.normal_pinv, precision=HIGHEST)  # noqa: E731
-  coef = solve(rhs)
-  return coef + solve(rhs - gram_times(design, coef))
+  coef = _solve(design, rhs)
+  return coef + _solve(design, rhs - gram_times(design, coef))
 
 
 def fit_offset_only(design: FEDesign, offset_means: jax.Array) -> jax.Array:
