@@ -9,9 +9,12 @@ import tempfile
 # environment) and every train.py / analyze.py subprocess: most end-to-end tests compile the same small
 # programs again in fresh processes. A run's own cache, removed at exit; a user's JAX_COMPILATION_CACHE_DIR
 # is used as is. An unreadable entry (a process killed while writing it) is recompiled, not an error.
+# Every program is cached, not only those that took over a second to compile (jax's default): a fresh process
+# otherwise recompiles a few hundred small ones (a sharded checkpoint's slicing alone takes 3 s of a 4-step run).
 if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
   os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="abspos-jax-cache-")
   atexit.register(shutil.rmtree, os.environ["JAX_COMPILATION_CACHE_DIR"], ignore_errors=True)
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 
 # Runs that several test modules read (helpers.shared_run) are built once per test run, in a directory every
 # xdist worker sees (inherited like the cache above); removed at exit.
@@ -23,6 +26,7 @@ import jax  # noqa: E402
 import pytest  # noqa: E402
 
 jax.config.update("jax_compilation_cache_dir", os.environ["JAX_COMPILATION_CACHE_DIR"])
+jax.config.update("jax_persistent_cache_min_compile_time_secs", float(os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"]))
 
 from abspos_jax.config import base_config  # noqa: E402
 

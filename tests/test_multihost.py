@@ -15,6 +15,7 @@ import numpy as np
 import psutil
 import pytest
 
+from abspos_jax.analysis import AnalysisOptions, analyze_run
 from abspos_jax.metrics import read_metrics
 from helpers import ROOT, MESH_RUN as RUN, assert_same, multihost_reference, one_process, records, two_processes
 
@@ -27,9 +28,8 @@ def reference():
 
 
 def test_two_processes_match_one_and_checkpoints_cross_over(reference, tmp_path):
-  # 2 processes for the whole run ...
-  two_processes("train.py", f"--workdir={tmp_path / 'c'}", *RUN)
-  assert_same(records(tmp_path / "c"), records(reference))
+  """Every step and both evaluations (with the emergence hook) run once under 2 processes, each run crossing
+  over to the other process count at its checkpoint, and match the 1-process reference."""
   # 2 processes for steps 1-2, then 1 process resumes their checkpoint for steps 3-4 ...
   two_processes("train.py", f"--workdir={tmp_path / 'a'}", *RUN, "--config.train.stop_at_step=2")
   r = one_process("train.py", f"--workdir={tmp_path / 'a'}", *RUN)
@@ -50,10 +50,13 @@ def numbers(path):
 
 
 def test_analysis_under_two_processes_matches_one(reference, tmp_path):
-  # Interventions are skipped to bound the time: they reuse the same restore, data and write paths.
-  args = ["analyze.py", f"--workdir={reference}", "--num_sequences=8", "--batch_size=4", "--skip_interventions"]
-  one_process(*args, f"--out={tmp_path / 'one'}")
-  r = two_processes(*args, f"--out={tmp_path / 'two'}")
+  """analyze.py under 2 processes against analyze_run in this (one) process: the analysis restores the
+  parameters onto one device either way. Interventions are skipped to bound the time: they reuse the same
+  restore, data and write paths."""
+  analyze_run(reference, out=str(tmp_path / "one"), num_sequences=8,
+              options=AnalysisOptions(batch_size=4, interventions=False, progress=False))
+  r = two_processes("analyze.py", f"--workdir={reference}", "--num_sequences=8", "--batch_size=4",
+                    "--skip_interventions", f"--out={tmp_path / 'two'}")
   assert "[p0] wrote" in r.stdout and "[p1] wrote" not in r.stdout  # a real 2-process run; process 0 writes
   a, b = numbers(tmp_path / "one" / "summary.json"), numbers(tmp_path / "two" / "summary.json")
   flat = lambda x: np.array([v for v in _leaves(x)], float)
