@@ -5,6 +5,7 @@ r"""Analyse a trained run, or compare analysed runs.
     python analyze.py --workdir=runs/rope --all_steps [--out=runs/rope/analysis_steps]  # every kept checkpoint
     python analyze.py --compare runs/rope runs/ntk runs/swa [--out=comparison]
     python analyze.py --hf=HF_DIR_OR_GGUF [--out=...] [--seq_len=128] [--bos=TOKEN] [--main_policy=prepend]
+    python analyze.py --hf=... --seq_lens=128,512,2048,8192 [--out=...]  # leakage against context length (or --workdir)
     python analyze.py ... [--data=stdlib_prose | --data=text_files --data_files=GLOB] [--rope_scale=ntk:4 | --window=W]
 
 Writes summary.json, stats.npz, PNG figures and report.md (see docs/analysis.md;
@@ -26,6 +27,9 @@ _ALL_STEPS = flags.DEFINE_bool("all_steps", False, "Analyse every kept checkpoin
 _HF = flags.DEFINE_string("hf", None, "A local checkpoint to analyse instead of a run: a Hugging Face directory "
                           "(Llama, Mistral or Qwen2 safetensors with tokenizer.json) or a GGUF file (or a directory "
                           "holding one); --seq_len defaults to 128 (or max_position_embeddings if shorter).")
+_SEQ_LENS = flags.DEFINE_list("seq_lens", [], "Analyse at each of these lengths into OUT/seq_len_<T>/ and plot the "
+                              "components against the context length (OUT default: WORKDIR/analysis_lengths, or "
+                              "--hf's default output with _lengths).")
 # The analysis options (what to analyse, texts, position 0, variants, batch): declared once, in options.py.
 OPTS = options_lib.define_flags()
 # Options --all_steps does not take: it analyses each checkpoint on the run's own texts, unmodified.
@@ -43,6 +47,10 @@ def _check_sources() -> None:
   if _ALL_STEPS.value and any(OPTS[name].value is not None for name in _NOT_ALL_STEPS):
     sys.exit(f"error: --all_steps takes none of {', '.join('--' + n for n in _NOT_ALL_STEPS)}: it analyses every "
              "checkpoint on the run's own texts, unmodified")
+  if _SEQ_LENS.value and (_ALL_STEPS.value or OPTS["seq_len"].value is not None):
+    sys.exit("error: --seq_lens analyses one checkpoint at each length; it takes no --seq_len or --all_steps")
+  if not all(t.strip().isdigit() for t in _SEQ_LENS.value):
+    sys.exit(f"error: --seq_lens must be comma-separated token counts, got {','.join(_SEQ_LENS.value)}")
   hf_only = [f"--{f.name}" for f in options_lib.FLAGS
              if f.scope == "hf" and OPTS[f.name].value not in (None, [])]
   if hf_only and not _HF.value:
@@ -78,14 +86,14 @@ def main(argv):
   if distributed.requested():  # one of N processes (abspos_jax.launch, SLURM, a TPU pod)
     distributed.initialize()
   _check_sources()
-  from abspos_jax.analysis import analyze_all_steps, analyze_hf, analyze_run
+  from abspos_jax.analysis import analyze_all_steps, analyze_hf, analyze_lengths, analyze_run
   from abspos_jax.analysis.api import TextChoice, default_hf_out
   from abspos_jax.variants import Variant, parse_rope_scale
   try:
     o = {name: holder.value for name, holder in OPTS.items()}
     options = options_lib.AnalysisOptions(batch_size=o["batch_size"], interventions=not o["skip_interventions"],
                                           closedness_sequences=o["closedness_sequences"],
-                                          memory_budget_gb=o["memory_budget_gb"])
+                                          memory_budget_gb=o["memory_budget_gb"], query_block=o["query_block"])
     options.validate()
     common = dict(out=_OUT.value, num_sequences=o["num_sequences"], split=o["split"], seq_len=o["seq_len"],
                   options=options)
@@ -99,10 +107,21 @@ def main(argv):
     common.update(texts=TextChoice(name=o["data"], files=o["data_files"], text_key=o["text_key"]),
                   variant=Variant(ntk_alpha=parse_rope_scale(o["rope_scale"]), window=o["window"]))
     if _HF.value:
-      result = analyze_hf(_HF.value, bos=o["bos"], eos=o["eos"], main_policy=o["main_policy"],
-                          ignore_fields=tuple(o["hf_ignore_fields"]), **common)
+      def one(**kw):
+        return analyze_hf(_HF.value, bos=o["bos"], eos=o["eos"], main_policy=o["main_policy"],
+                          ignore_fields=tuple(o["hf_ignore_fields"]), **{**common, **kw})
     else:
-      result = analyze_run(_WORKDIR.value, step=_STEP.value, **common)
+      def one(**kw):
+        return analyze_run(_WORKDIR.value, step=_STEP.value, **{**common, **kw})
+    if _SEQ_LENS.value:
+      out = _OUT.value or (f"{default_hf_out(_HF.value)}_lengths" if _HF.value
+                           else f"{_WORKDIR.value}/analysis_lengths")
+      lengths = [int(t) for t in _SEQ_LENS.value]
+      analyze_lengths(lengths, out, lambda t, where: one(seq_len=t, out=where), _HF.value or _WORKDIR.value)
+      if distributed.is_writer():
+        print(f"wrote {out}: seq_len_<T>/ for T in {sorted(set(lengths))}, lengths.json, lengths.png, report.md")
+      return
+    result = one()
   except (ValueError, FileNotFoundError, PermissionError) as e:
     sys.exit(f"error: {e}")
   if distributed.is_writer():

@@ -21,6 +21,8 @@ same shapes with or without GQA.
 """
 
 import functools
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import jax
 import jax.numpy as jnp
@@ -159,6 +161,69 @@ def _softmax_attention_bwd(window, dtype, residuals, d_out):
 _softmax_attention.defvjp(_softmax_attention_fwd, _softmax_attention_bwd)
 
 
+class BlockFold(Protocol):
+  """What :func:`query_block_attention` hands each block of queries to (the analysis' statistics)."""
+
+  def begin(self, state: Any, first_rows: Callable[[jax.Array], tuple[jax.Array, jax.Array]]) -> Any:
+    """``state`` before the first block; ``first_rows(start)`` recomputes the edited logits ``[1, H, R, T]`` and
+    ``log Z [1, H, R]`` of the batch's first sequence at queries ``start .. start + R - 1``."""
+
+  def __call__(self, state: Any, start: jax.Array, logits: jax.Array, log_z: jax.Array) -> Any:
+    """``state`` after the block of queries ``start .. start + R - 1``: ``logits [B, H, R, T]`` (after any edit,
+    ``-inf`` off the mask), ``log_z [B, H, R]``."""
+
+
+def query_block_attention(q: jax.Array, k: jax.Array, v: jax.Array, positions: jax.Array, window: int | None,
+                          dtype, block: int, *, edit_logits: Callable[[jax.Array], jax.Array] = lambda s: s,
+                          edit_weights: Callable[[jax.Array], jax.Array] = lambda a: a,
+                          fold: BlockFold | None = None, state: Any = None) -> tuple[jax.Array, jax.Array, Any]:
+  """The explicit attention, ``block`` queries at a time: ``(out [B, T, H, d_h], log_z [B, H, T], state)``.
+
+  Each block of queries ``R = block`` (``q [B, T, H, d_h]``, ``k, v [B, T, K, d_h]``)
+  is scored against every key, ``s [B, H, R, T]``, masked by
+  :func:`masks.visible`, passed to ``edit_logits`` (renormalised when it
+  changes them), normalised by :func:`masked_softmax`, passed to
+  ``edit_weights`` and applied to ``v``. A query's row is whole within its
+  block, so ``log Z``, the weights and the output are the same arithmetic
+  as with one block of all ``T`` queries (no online rescaling: blocks are
+  over queries only), and what is alive at once is ``O(B H R T)``, not
+  ``O(B H T^2)``. ``fold`` sees each block's logits as it is computed
+  (:class:`BlockFold`). Edits get the block's rows: an edit of the logits
+  or weights must act on each query's row alone (as ``sink_ablate`` does).
+  ``block`` divides ``T``; ``block = T`` runs no loop.
+  """
+  b, t, h, d = q.shape
+  if t % block:
+    raise ValueError(f"the query block ({block}) must divide the sequence length ({t})")
+  pos = jnp.asarray(positions)
+
+  def rows(q_rows: jax.Array, k: jax.Array, start) -> tuple[jax.Array, jax.Array, jax.Array]:
+    mask = masks.visible(jax.lax.dynamic_slice_in_dim(pos, start, q_rows.shape[1]) if block < t else pos, pos, window)
+    s, a, log_z = masked_softmax(attention_logits(q_rows, k, dtype), mask)
+    edited = edit_logits(s)
+    if edited is not s:  # an intervention changed the logits: renormalise
+      s, a, log_z = masked_softmax(edited, mask)
+    return s, edit_weights(a), log_z
+
+  if fold is not None:
+    state = fold.begin(state, lambda start: rows(jax.lax.dynamic_slice_in_dim(q[:1], start, block, 1), k[:1],
+                                                 start)[::2])
+
+  def one(state, start):
+    s, a, log_z = rows(jax.lax.dynamic_slice_in_dim(q, start, block, 1) if block < t else q, k, start)
+    if fold is not None:
+      state = fold(state, start, s, log_z)
+    return state, (attend(a, v, dtype), log_z)
+
+  if block == t:
+    state, (out, log_z) = one(state, 0)
+    return out, log_z, state
+  state, (out, log_z) = jax.lax.scan(one, state, jnp.arange(0, t, block))
+  # [T / R, B, R, H, d_h] -> [B, T, H, d_h]; [T / R, B, H, R] -> [B, H, T]
+  return (jnp.moveaxis(out, 0, 1).reshape(b, t, h, v.shape[-1]),
+          jnp.moveaxis(log_z, 0, 2).reshape(b, h, t), state)
+
+
 class Attention(nnx.Module):
   """Multi-head (or grouped-query) self-attention with RoPE (optional) and an optional sliding window.
 
@@ -221,12 +286,12 @@ class Attention(nnx.Module):
     elif hooks is None:
       out = softmax_attention(q, k, v, positions, self.window, self.dtype)
     else:
-      mask = masks.visible(positions, positions, self.window)
-      s, a, log_z = masked_softmax(attention_logits(q, k, self.dtype), mask)
-      edited = hooks(hooks_lib.attn(layer, "logits"), s)
-      if edited is not s:  # an intervention changed the logits: renormalise
-        s, a, log_z = masked_softmax(edited, mask)
-      log_z = hooks(hooks_lib.attn(layer, "log_z"), log_z)
-      a = hooks(hooks_lib.attn(layer, "weights"), a)
-      out = attend(a, v, self.dtype)
+      block = hooks.query_block_size(q.shape[1])
+      fold, state = hooks.attention_fold(layer, q.shape[1], block)
+      out, log_z, state = query_block_attention(
+          q, k, v, positions, self.window, self.dtype, block,
+          edit_logits=lambda s: hooks(hooks_lib.attn(layer, "logits"), s),
+          edit_weights=lambda a: hooks(hooks_lib.attn(layer, "weights"), a), fold=fold, state=state)
+      hooks.attention_folded(layer, state)
+      hooks(hooks_lib.attn(layer, "log_z"), log_z)
     return precision.einsum("bthk,hkd->btd", out, self.wo[...], self.dtype)

@@ -15,13 +15,15 @@ constructors of this module (:func:`resid`, :func:`attn`, :func:`mlp_out`;
 - ``blocks.{l}.attn.logits`` ``[B, H, T, T]``: ``s_ij = q_i . k_j / sqrt(d_h)``
   after RoPE, ``-inf`` on masked cells. Editing it (e.g. setting key 0 to
   ``-inf``) changes the softmax that follows.
-- ``blocks.{l}.attn.log_z`` ``[B, H, T]``: ``log Z_i = logsumexp_j s_ij``.
 - ``blocks.{l}.attn.weights`` ``[B, H, T, T]``: ``a_ij = exp(s_ij - log Z_i)``.
+- ``blocks.{l}.attn.log_z`` ``[B, H, T]``: ``log Z_i = logsumexp_j s_ij``, reached
+  once the layer's weights are computed (capturing or editing it changes no weight).
 - ``blocks.{l}.attn.out`` and ``blocks.{l}.mlp.out`` ``[B, T, D]``: what each
   sublayer adds to the residual stream.
 """
 
 from collections.abc import Callable, Collection, Iterable, Mapping
+from typing import Any
 
 import jax
 
@@ -70,7 +72,7 @@ def points(num_layers: int) -> list[str]:
   """Every point of a model with ``num_layers`` blocks, in the order a forward pass reaches them."""
   out = [EMBED_TOKENS, resid(0)]
   for l in range(num_layers):
-    out += [attn(l, "logits"), attn(l, "log_z"), attn(l, "weights"), attn(l, "out"), mlp_out(l), resid(l + 1)]
+    out += [attn(l, "logits"), attn(l, "weights"), attn(l, "log_z"), attn(l, "out"), mlp_out(l), resid(l + 1)]
   return out
 
 
@@ -90,20 +92,46 @@ class Hooks:
 
   ``edits`` and a collection ``capture`` are checked against the model's points
   when the forward starts (:meth:`check`): an unknown name raises.
+  ``query_block``: the attention runs that many queries at a time
+  (``attention.query_block_attention``; it must divide ``T``), so that no
+  layer's ``[B, H, T, T]`` logits are alive at once; None (or capturing a
+  layer's logits or weights, which are then whole) runs all ``T`` at once.
+  The logits and weights edits then see ``[B, H, R, T]`` blocks of rows.
   """
 
   def __init__(
       self,
       edits: Mapping[str, Edit] | None = None,
       capture: Collection[str] | Callable[[str], bool] = (),
+      query_block: int | None = None,
   ):
     self.edits = dict(edits or {})
     self._names = set(self.edits) | (set() if callable(capture) else set(capture))
     self._capture = capture if callable(capture) else frozenset(capture).__contains__
+    self.query_block = query_block
+    # A callable capture may ask for any point: then every layer's logits and weights stay whole.
+    self._whole_logits = callable(capture) or any(is_attn(n, w) for n in capture for w in ("logits", "weights"))
     self.cache: dict[str, jax.Array] = {}
 
   def check(self, num_layers: int) -> None:
     check(self._names, num_layers)
+
+  def query_block_size(self, seq_len: int) -> int:
+    """The queries per attention block for ``seq_len`` tokens (``seq_len`` itself when not blocked)."""
+    whole = self._whole_logits
+    if self.query_block is None or self.query_block >= seq_len or whole:
+      return seq_len
+    if seq_len % self.query_block:
+      raise ValueError(f"query_block={self.query_block} must divide the sequence length {seq_len}")
+    return self.query_block
+
+  def attention_fold(self, layer: int, seq_len: int, block: int) -> tuple[Any, Any]:
+    """``(fold, state)`` for layer ``layer``'s blocks of ``block`` of ``seq_len`` queries
+    (``attention.BlockFold``); ``(None, None)``: no fold."""
+    return None, None
+
+  def attention_folded(self, layer: int, state: Any) -> None:
+    """Receives the ``state`` the fold of :meth:`attention_fold` left after the layer's last block."""
 
   def __call__(self, name: str, value: jax.Array) -> jax.Array:
     if name in self.edits:

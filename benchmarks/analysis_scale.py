@@ -1,17 +1,22 @@
-"""Analysis at research scale: tokens/s and peak memory of the analysis step against a plain jitted forward.
+"""Analysis at research scale: tokens/s and peak memory of the analysis against a plain jitted forward.
 
     python -m benchmarks.analysis_scale [--shape=12x768x12] [--seq_lens=256,1024,2048] [--num_sequences=2]
+                                        [--end_to_end]
 
 ``--shape`` is layers x d_model x heads, or ``tiny`` / ``medium``
-(``benchmarks.train_throughput.SIZES``). For each seq_len, two fresh
-subprocesses on the same randomly initialised RoPE decoder: one times a plain
-jitted forward (``model(tokens)``, the training path), one the analysis pass's
-baseline step (``steps.make_baseline_step``, what ``analyze`` runs per
-batch with interventions off) at the batch size ``analyze`` chooses from its
-memory budget (``analysis.memory``, with its cap on one layer's logits), capped at
-``--num_sequences``. Both are
+(``benchmarks.train_throughput.SIZES``). For each seq_len, fresh subprocesses
+on the same randomly initialised RoPE decoder: one times a plain jitted
+forward (``model(tokens)``, the training path), one the analysis pass's
+baseline step (``steps.make_baseline_step``, what ``analyze`` runs per batch
+with interventions off) at the batch size and query block ``analyze``
+chooses from its memory budget (``analysis.passes.memory``, with its cap on
+one block's logits), the batch capped at ``--num_sequences``. Both are
 compiled and warmed up first, then timed over ``--num_sequences`` sequences
-(median of ``--repeats``).
+(median of ``--repeats``). With ``--end_to_end`` a third one times what a
+user waits for: ``analyze`` on ``--num_sequences`` sequences under both BOS
+policies, interventions off, from the call to its result (compilation, the
+memory budget's compilations, both sweeps, finalisation and jackknife), as
+tokens of the main policy per second (``e2e tok/s``).
 
 The analysis is timed in its steady state: on sequences past the first
 ``AnalysisOptions.closedness_sequences``, the batches a sweep of hundreds of
@@ -35,6 +40,7 @@ import numpy as np
 from flax import nnx
 
 from abspos_jax import model as model_lib
+from abspos_jax.analysis import analyze
 from abspos_jax.analysis.passes import steps, memory
 from abspos_jax.analysis.estimators import fixed_effects
 from abspos_jax.analysis.options import AnalysisOptions
@@ -50,25 +56,36 @@ def _model(shape: str, seq_len: int):
 
 
 def child(kind: str, shape: str, seq_len: int, num_sequences: int, repeats: int) -> dict:
-  """One measurement in this process: ``kind`` is ``forward`` or ``analysis``."""
+  """One measurement in this process: ``kind`` is ``forward``, ``analysis`` or ``analyze``."""
   m = _model(shape, seq_len)
   tokens = jnp.asarray(np.random.default_rng(0).integers(0, 256, (num_sequences, seq_len)), jnp.int32)
   graphdef, params = nnx.split(m, nnx.Param)
   out = {"kind": kind, "shape": shape, "seq_len": seq_len, "num_sequences": num_sequences}
+  if kind == "analyze":
+    seqs = {"prepend": np.asarray(tokens), "none": np.roll(np.asarray(tokens), 1, axis=1)}
+    t0 = time.perf_counter()
+    result = analyze(m, seqs, options=AnalysisOptions(interventions=False, progress=False))
+    seconds = time.perf_counter() - t0
+    out.update(batch=result.summary["batch_size"], query_block=result.summary["memory"]["query_block"],
+               seconds=seconds, tokens_per_s=num_sequences * seq_len / seconds,
+               peak_rss_gib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / memory.GiB)
+    return out
   if kind == "forward":
     fwd = jax.jit(lambda p, t: nnx.merge(graphdef, p)(t))
     seconds = best_ms(lambda: fwd(params, tokens), repeats) / 1e3
     batch = num_sequences
   else:
     design = fixed_effects.make_design(layer_visible(m.spec, seq_len))
-    step = jax.jit(steps.make_baseline_step(graphdef, design, {}), donate_argnums=1)
     acc = steps.init_accumulators(m.spec, seq_len, {}, AnalysisOptions().num_blocks)
     budget = memory.available_bytes() // 2
-    batch, used = memory.choose_batch_size(
-        lambda b: step.lower(params, acc, jax.ShapeDtypeStruct((b, seq_len), jnp.int32),
-                             jax.ShapeDtypeStruct((b,), jnp.int32)).compile(),
-        min(num_sequences, memory.logits_batch_cap(m.spec.num_heads, seq_len)), budget)
-    out.update(step_gib=used / memory.GiB, budget_gib=budget / memory.GiB)
+    step_for = {b: jax.jit(steps.make_baseline_step(graphdef, design, {}, query_block=None if b == seq_len else b),
+                           donate_argnums=1) for b in memory.query_blocks(seq_len)}
+    batch, block, used = memory.choose_batch_and_block(
+        lambda b, block: step_for[block].lower(params, acc, jax.ShapeDtypeStruct((b, seq_len), jnp.int32),
+                                               jax.ShapeDtypeStruct((b,), jnp.int32)).compile(),
+        num_sequences, budget, memory.query_blocks(seq_len), m.spec.num_heads, seq_len)
+    step = step_for[block]
+    out.update(step_gib=used / memory.GiB, budget_gib=budget / memory.GiB, query_block=block)
 
     steady = AnalysisOptions().closedness_sequences  # the first sequence id whose batch skips the check
 
@@ -99,6 +116,7 @@ def main() -> None:
   p.add_argument("--seq_lens", default="256,1024,2048")
   p.add_argument("--num_sequences", type=int, default=2)
   p.add_argument("--repeats", type=int, default=1)
+  p.add_argument("--end_to_end", action="store_true", help="also time analyze() end to end")
   p.add_argument("--json", default="")
   p.add_argument("--child", default="", help=argparse.SUPPRESS)
   a = p.parse_args()
@@ -110,7 +128,7 @@ def main() -> None:
   rows = []
   for seq_len in (int(x) for x in a.seq_lens.split(",")):
     got = {}
-    for kind in ("forward", "analysis"):
+    for kind in ("forward", "analysis") + (("analyze",) if a.end_to_end else ()):
       r = subprocess.run([sys.executable, "-m", "benchmarks.analysis_scale", f"--shape={a.shape}",
                           f"--num_sequences={a.num_sequences}", f"--repeats={a.repeats}",
                           f"--child={kind}:{seq_len}"], capture_output=True, text=True)
@@ -120,19 +138,36 @@ def main() -> None:
         got[kind] = json.loads(r.stdout.strip().splitlines()[-1])
       print(kind, seq_len, got[kind], flush=True)
     record["rows"].append(got)
-    f, an = got["forward"], got["analysis"]
-    if "error" in f or "error" in an:
-      rows.append([seq_len, f.get("tokens_per_s", f.get("error")), an.get("tokens_per_s", an.get("error")), "", "", "", ""])
-    else:
-      rows.append([seq_len, round(f["tokens_per_s"]), round(an["tokens_per_s"]),
-                   round(an["tokens_per_s"] / f["tokens_per_s"], 2), an["batch"], f"{an['closedness_s']:.1f}",
-                   f"{f['peak_rss_gib']:.1f} / {an['peak_rss_gib']:.1f}"])
+    rows.append(_row(seq_len, got, a.end_to_end))
   print(f"machine: {record['machine']}")
-  print(common.markdown_table(["seq_len", "forward tok/s", "analysis tok/s", "analysis / forward", "analysis batch",
-                               "closedness s (once per sweep)", "peak RSS GiB (forward / analysis)"], rows))
+  print(common.markdown_table(["seq_len", "forward tok/s", "analysis tok/s", "analysis / forward",
+                               "batch x query block", "closedness s (once per sweep)",
+                               "peak RSS GiB (forward / analysis)"]
+                              + (["e2e tok/s", "e2e / forward", "e2e s", "e2e peak RSS GiB"] if a.end_to_end else []),
+                              rows))
   if a.json:
     with open(a.json, "w") as fh:
       json.dump(record, fh, indent=1)
+
+
+def _row(seq_len: int, got: dict, end_to_end: bool) -> list:
+  """One table row from the children's records (an error in place of the numbers it prevents)."""
+  f, an = got["forward"], got["analysis"]
+  if "error" in f or "error" in an:
+    row = [seq_len, f.get("tokens_per_s", f.get("error")), an.get("tokens_per_s", an.get("error")), "", "", "", ""]
+  else:
+    row = [seq_len, round(f["tokens_per_s"]), round(an["tokens_per_s"]),
+           round(an["tokens_per_s"] / f["tokens_per_s"], 2),
+           f"{an['batch']} x {an['query_block']}", f"{an['closedness_s']:.1f}",
+           f"{f['peak_rss_gib']:.1f} / {an['peak_rss_gib']:.1f}"]
+  if end_to_end:
+    e = got["analyze"]
+    if "error" in e or "error" in f:
+      row += [e.get("error", ""), "", "", ""]
+    else:
+      row += [round(e["tokens_per_s"]), round(e["tokens_per_s"] / f["tokens_per_s"], 2), f"{e['seconds']:.0f}",
+              f"{e['peak_rss_gib']:.1f}"]
+  return row
 
 
 if __name__ == "__main__":

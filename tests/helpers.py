@@ -222,3 +222,21 @@ def zero_qk(model):
     block.attn.wq[...] = jnp.zeros_like(block.attn.wq[...])
     block.attn.wk[...] = jnp.zeros_like(block.attn.wk[...])
   return model
+
+
+def summary_numbers(summary: dict) -> np.ndarray:
+  """Every number of a summary.json but its meta and memory (the budget is half the memory free at the start:
+  machine state, not a result), flattened in key order (None as NaN)."""
+  def leaves(x):
+    if isinstance(x, dict):
+      for k in sorted(x):
+        if k not in ("meta", "memory"):
+          yield from leaves(x[k])
+    elif isinstance(x, list):
+      for v in x:
+        yield from leaves(v)
+    elif x is None:
+      yield np.nan
+    elif isinstance(x, (int, float)) and not isinstance(x, bool):
+      yield x
+  return np.array(list(leaves(summary)), float)

@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 
-from abspos_jax.analysis import analyze_run
+from abspos_jax.analysis import analyze_lengths, analyze_run
 from abspos_jax.data import BOS_ID
 from conftest import small_flags, xla_flags
 from helpers import FAST, ROOT, hooked_run
@@ -60,9 +60,33 @@ def test_cli_bad_inputs_write_nothing(run_dir, tmp_path):
   fails(f"--workdir={run_dir}", "--step=3", f"--out={tmp_path / 'a'}", match="available steps: [2, 4]")
   fails(f"--workdir={run_dir}", "--num_sequences=0", f"--out={tmp_path / 'b'}", match="--num_sequences must be >= 2")
   fails(f"--workdir={run_dir}", "--seq_len=64", f"--out={tmp_path / 'c'}", match="longer than the 16 tokens")
+  fails(f"--workdir={run_dir}", "--seq_lens=8,16k", f"--out={tmp_path / 'd'}",
+        match="--seq_lens must be comma-separated token counts, got 8,16k")
   (tmp_path / "file").write_text("x")
   fails(f"--workdir={run_dir}", f"--out={tmp_path / 'file' / 'analysis'}", match="cannot write there")
   assert sorted(os.listdir(tmp_path)) == ["file"]
+
+
+def test_leakage_against_context_length(run_dir, tmp_path):
+  """``analyze_lengths``: the run analysed at 8 and 16 tokens, each a full analysis, then lengths.json, the figure
+  and the table, every share with its interval."""
+  out = tmp_path / "lengths"
+  records = analyze_lengths([16, 8, 16], str(out), lambda t, where: analyze_run(
+      run_dir, out=where, num_sequences=8, seq_len=t, options=FAST), source=str(run_dir))
+  assert [r["seq_len"] for r in records] == [8, 16]
+  for t in (8, 16):
+    assert json.loads((out / f"seq_len_{t}" / "summary.json").read_text())["seq_len"] == t
+  saved = json.loads((out / "lengths.json").read_text())
+  assert saved["source"] == str(run_dir) and [r["seq_len"] for r in saved["lengths"]] == [8, 16]
+  for r in saved["lengths"]:
+    lo, hi = r["residual_stream_share_ci"]
+    assert lo <= r["residual_stream_share"] <= hi and len(r["log_z_slope_layer"]) == 2
+  table = [l for l in (out / "report.md").read_text().splitlines() if l.startswith("| 8 |") or l.startswith("| 16 |")]
+  assert len(table) == 2 and all(l.count(" [") >= 6 for l in table), table  # six shares and scores with intervals
+  from PIL import Image
+  assert Image.open(out / "lengths.png").size[0] > 1000
+  with pytest.raises(ValueError, match="--seq_lens must be lengths >= 2"):
+    analyze_lengths([1], str(tmp_path / "none"), None, source="x")
 
 
 @pytest.mark.slow

@@ -7,6 +7,7 @@ import pytest
 from flax import nnx
 
 from abspos_jax import attention as attention_lib, layers, masks, model as model_lib
+from abspos_jax import hooks as hooks_lib
 from abspos_jax.hooks import Hooks
 from conftest import small_config
 
@@ -93,6 +94,35 @@ def test_edit_hook_renormalises_attention():
   a = np.asarray(hooks.cache["blocks.0.attn.weights"])
   assert np.all(a[:, :, 1:, 0] == 0)
   np.testing.assert_allclose(a.sum(-1), 1.0, rtol=1e-5)
+
+
+@pytest.mark.parametrize("position,overrides,block", [("rope", {}, 4), ("swa", {"model.window": 3}, 8),
+                                                       ("swa", {"model.window": 6}, 4),
+                                                       ("rope", {"model.num_kv_heads": 2}, 2)])
+def test_query_blocks_compute_what_one_block_does(position, overrides, block):
+  """The analysis attention ``block`` queries at a time (windows shorter and longer than a block, grouped-query
+  attention) gives the output, residual streams and ``log Z`` of all 16 at once, with and without a row-wise edit."""
+  m = model_lib.create(small_config(position, **overrides))
+  x = tokens(7)
+  points = [hooks_lib.resid(l) for l in range(3)] + [hooks_lib.attn(l, "log_z") for l in range(2)]
+  bonus = {hooks_lib.attn(1, "logits"): lambda s: s + 0.3 * jnp.arange(s.shape[-1])}
+  for edits in ({}, bonus):
+    whole, blocked = Hooks(edits, points), Hooks(edits, points, query_block=block)
+    np.testing.assert_allclose(m(x, hooks=blocked), m(x, hooks=whole), rtol=1e-6, atol=1e-6)
+    for name in points:
+      np.testing.assert_allclose(blocked.cache[name], whole.cache[name], rtol=1e-6, atol=1e-6, err_msg=name)
+  plain = Hooks(capture=points)
+  m(x, hooks=plain)
+  assert not np.allclose(whole.cache[hooks_lib.attn(1, "log_z")], plain.cache[hooks_lib.attn(1, "log_z")])
+
+
+def test_query_blocks_must_divide_the_length_and_whole_logits_stay_whole():
+  m = model_lib.create(small_config())
+  with pytest.raises(ValueError, match="query_block=5 must divide the sequence length 16"):
+    m(tokens(1), hooks=Hooks(query_block=5))
+  captured = Hooks(capture=[hooks_lib.attn(0, "weights")], query_block=4)
+  m(tokens(1), hooks=captured)
+  assert captured.query_block_size(T) == T and captured.cache[hooks_lib.attn(0, "weights")].shape == (2, 4, T, T)
 
 
 def test_tied_and_untied_unembedding():

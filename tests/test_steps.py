@@ -4,19 +4,30 @@ layer of logits held at a time."""
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from flax import nnx
 
 from abspos_jax import model as model_lib
 from abspos_jax.analysis.core import fingerprint_groups, layer_visible
 from abspos_jax.analysis.estimators import denominators, fixed_effects, leakage
-from abspos_jax.analysis.passes import steps
+from abspos_jax.analysis.passes import edits, steps
 from abspos_jax.hooks import Hooks
 from conftest import small_config
 from helpers import sequences
 
 
-def test_layer_by_layer_folding_equals_all_layers_at_once():
-  """``fold_pass`` (each layer folded as it runs) against the estimators on every layer's captured logits.
+def _assert_sums_close(want, have):
+  """Accumulators equal to float32 rounding: sums of terms of order 1 (centred ones, 1e-5 apart) or of the largest
+  sum (1e-6 of it: sums over up to 16 cells of the accumulator's own size that cancel)."""
+  def close(w, h):
+    np.testing.assert_allclose(h, w, rtol=1e-5, atol=max(1e-5, 1e-6 * float(np.max(np.abs(w)))))
+  jax.tree.map(close, want, have)
+
+
+@pytest.mark.parametrize("query_block", [None, 4])
+def test_layer_by_layer_folding_equals_all_layers_at_once(query_block):
+  """``fold_pass`` (each layer folded as it runs, all 16 queries at once or 4 at a time) against the estimators on
+  every layer's captured logits.
 
   Local and global layers alternate, so each layer has its own design slice.
   """
@@ -34,9 +45,10 @@ def test_layer_by_layer_folding_equals_all_layers_at_once():
   for _ in range(2):  # the second batch reads the first one's references
     want_lk, want_zres, _ = leakage.update(start["leakage"], logits, log_z, ids, design)
     want_den = denominators.update(start["denominators"], logits, log_z, visible, ids)
-    got, _, zres, qstats = jax.jit(lambda a: steps.fold_pass(m, a, toks, ids, design))(start)
+    got, _, zres, qstats = jax.jit(lambda a: steps.fold_pass(m, a, toks, ids, design, query_block=query_block))(
+        start)
     for want, have in ((want_lk, got["leakage"]), (want_den, got["denominators"]), (want_zres, zres)):
-      jax.tree.map(lambda w, h: np.testing.assert_allclose(h, w, rtol=1e-5, atol=1e-5), want, have)
+      _assert_sums_close(want, have)
     np.testing.assert_allclose(qstats["entropy"], denominators.query_statistics(logits, log_z, visible)["entropy"],
                                rtol=1e-5, atol=1e-6)
     start = got
@@ -76,3 +88,23 @@ def test_the_pass_holds_one_layer_of_logits():
 
   one_layer = 8 * 4 * 256 * 256 * 4 / 2**20  # [B, H, T, T] float32: 8 MiB
   assert scratch_mib(8) - scratch_mib(2) < one_layer
+
+
+def test_sink_ablation_in_query_blocks_equals_one_block():
+  """The per-head ``sink_ablate`` pass (its edit on each block's rows, per-head cells) 4 queries at a time against all
+  16 at once: the same accumulators, the edit's effect included (key 0 gone from the ablated heads' queries i >= 1)."""
+  m = model_lib.create(small_config(**{"model.num_layers": 2}))
+  toks = jnp.asarray(sequences()["prepend"][:4])
+  ids = jnp.arange(4)
+  L, H, T = m.spec.num_layers, m.spec.num_heads, toks.shape[1]
+  visible = layer_visible(m.spec, T)
+  heads = np.zeros((L, H), bool)
+  heads[0, 1] = heads[1, 3] = True
+  design = fixed_effects.make_design(edits.sink_cells(visible, heads))
+  start = {"leakage": leakage.init(L, H, T, 4), "denominators": denominators.init(L, H, T, 4)}
+  run = jax.jit(lambda a, block: steps.fold_pass(m, a, toks, ids, design, edits.sink_ablate(jnp.asarray(heads)),
+                                                 query_block=block), static_argnums=1)
+  whole, blocked = run(start, None), run(start, 4)
+  _assert_sums_close(whole[0], blocked[0])
+  mass = whole[3]["sink_mass"]  # [B, L, H, T]
+  assert float(jnp.abs(mass[:, 0, 1, 1:]).max()) == 0.0 and float(mass[:, 0, 0, 1:].min()) > 0.0

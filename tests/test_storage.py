@@ -17,7 +17,7 @@ from abspos_jax.metrics import read_metrics
 from conftest import SMALL
 from gcs_emulator import Emulator
 from helpers import (ROOT, MESH_RUN as MESH, assert_same, command, losses, multihost_reference, one_process, records,
-                     sweep_cfg, two_processes, two_seed_sweep, wait_for)
+                     summary_numbers, sweep_cfg, two_processes, two_seed_sweep, wait_for)
 
 
 @pytest.fixture(scope="module")
@@ -221,22 +221,6 @@ def test_seeds_trained_together_into_a_bucket_match_a_local_disk(bucket, tmp_pat
     assert checkpoint.saved_steps(work) == [2, 4]
 
 
-def _numbers(summary: dict) -> np.ndarray:
-  """Every number of a summary.json but its meta and memory (the budget is half the memory free at the start:
-  machine state, not a result), flattened in key order (None as NaN)."""
-  def leaves(x):
-    if isinstance(x, dict):
-      for k in sorted(x):
-        if k not in ("meta", "memory"):
-          yield from leaves(x[k])
-    elif isinstance(x, list):
-      for v in x:
-        yield from leaves(v)
-    elif x is None:
-      yield np.nan
-    elif isinstance(x, (int, float)) and not isinstance(x, bool):
-      yield x
-  return np.array(list(leaves(summary)), float)
 
 
 @pytest.mark.slow
@@ -261,4 +245,4 @@ def test_two_processes_write_one_run_to_a_bucket(bucket, tmp_path):
   analyze_run(work, out=str(tmp_path / "one"), num_sequences=8,
               options=AnalysisOptions(batch_size=4, interventions=False, progress=False))
   one = storage.read_json(str(tmp_path / "one" / "summary.json"))
-  np.testing.assert_allclose(_numbers(two), _numbers(one), rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(summary_numbers(two), summary_numbers(one), rtol=1e-5, atol=1e-6)

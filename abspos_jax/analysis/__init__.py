@@ -13,7 +13,8 @@ estimators' results and jackknife, shared with the training-time
 run and writes ``summary.json``, ``stats.npz``, figures and ``report.md``;
 ``analyze_all_steps(workdir)`` for every kept checkpoint of a run, with the
 components against the step (``docs/emergence.md``); ``analyze_hf(hf_dir)``
-for a Hugging Face checkpoint (``docs/interop.md``).
+for a Hugging Face checkpoint (``docs/interop.md``); ``analyze_lengths`` for one
+checkpoint at several context lengths (``docs/analysis.md``).
 Add a statistic at any hook point with :class:`Statistic`.
 """
 
@@ -21,7 +22,8 @@ import importlib
 
 # Imported on first use, so that importing one estimator module does not pull in TFDS and orbax (api).
 _EXPORTS = {"AnalysisOptions": "options", "AnalysisResult": "orchestrator", "Statistic": "passes.steps",
-            "analyze": "orchestrator", "analyze_all_steps": "api", "analyze_hf": "api", "analyze_run": "api"}
+            "analyze": "orchestrator", "analyze_all_steps": "api", "analyze_hf": "api", "analyze_lengths": "api",
+            "analyze_run": "api"}
 __all__ = sorted(_EXPORTS)
 
 

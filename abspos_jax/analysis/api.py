@@ -1,8 +1,9 @@
-"""``analyze_run``, ``analyze_all_steps`` and ``analyze_hf``: load a model, build its evaluation sequences,
-analyse, write the files."""
+"""``analyze_run``, ``analyze_all_steps``, ``analyze_hf`` and ``analyze_lengths``: load a model, build its
+evaluation sequences, analyse, write the files."""
 
 import dataclasses
 import os
+from collections.abc import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -12,7 +13,7 @@ from flax import nnx
 
 from abspos_jax import checkpoint, data, provenance, storage, variants
 from abspos_jax.data import builders
-from abspos_jax.analysis.outputs import curves, schema, writer
+from abspos_jax.analysis.outputs import curves, lengths as lengths_lib, schema, writer
 from abspos_jax.analysis.options import NUM_SEQUENCES, AnalysisOptions
 from abspos_jax.analysis.orchestrator import AnalysisResult, analyze
 from abspos_jax.config import BOS_POLICIES
@@ -169,6 +170,28 @@ def analyze_all_steps(workdir: str, *, out: str | None = None, num_sequences: in
     if out is None:
       with storage.directory(storage.join(workdir, "analysis"), ".analysis-", marker=writer.MARKER) as tmp:
         storage.copy_tree(storage.join(root, f"step_{steps[-1]}"), tmp)
+  return records
+
+
+def analyze_lengths(seq_lens: Sequence[int], out: str, analyse: Callable[[int, str], AnalysisResult],
+                    source: str) -> list[dict]:
+  """Analyse one checkpoint at each of ``seq_lens``; returns one ``lengths.length_record`` per length.
+
+  ``analyse(seq_len, out)`` runs and writes the analysis at one length
+  (``analyze_run`` or ``analyze_hf`` with everything else fixed) into
+  ``OUT/seq_len_<T>/``; then ``OUT/lengths.json``, ``OUT/lengths.png`` (each
+  leakage component, the leakage share, the sinks and the slope of ``log
+  Z`` against the context length, with their intervals) and ``OUT/report.md``
+  (the same as a table). ``source`` names the checkpoint in the figure and
+  the report. The longest lengths run in blocks of queries within the memory
+  budget (``AnalysisOptions.query_block``).
+  """
+  lengths = sorted({int(t) for t in seq_lens})
+  if not lengths or lengths[0] < 2:
+    raise ValueError(f"--seq_lens must be lengths >= 2, got {list(seq_lens)}")
+  records = [lengths_lib.length_record(t, analyse(t, storage.join(out, f"seq_len_{t}")).summary) for t in lengths]
+  if jax.process_index() == 0:
+    lengths_lib.write_lengths(out, records, source)
   return records
 
 

@@ -28,6 +28,7 @@ NUM_SEQUENCES = 256  # held-out sequences per BOS policy, unless told otherwise
 class AnalysisOptions:
   batch_size: int = 32  # the largest batch; smaller where a batch would not fit memory_budget_gb
   memory_budget_gb: float | None = None  # what a step may allocate; None: half the memory free at the start
+  query_block: int | None = None  # queries per attention block (divides T); None: chosen from the memory budget
   early_max: int = 16  # early queries: 1 <= i < early_max
   sink_epsilon: float = 0.3  # Gu et al. (2024)
   sink_min_query: int = 4
@@ -53,6 +54,8 @@ class AnalysisOptions:
                        f"got {self.num_blocks}")
     if self.memory_budget_gb is not None and not self.memory_budget_gb > 0:
       raise ValueError(f"memory_budget_gb (AnalysisOptions.memory_budget_gb) must be > 0, got {self.memory_budget_gb}")
+    if self.query_block is not None and self.query_block < 1:
+      raise ValueError(f"query_block (AnalysisOptions.query_block) must be >= 1 or None, got {self.query_block}")
     if self.early_max < 2:
       raise ValueError(f"early_max (AnalysisOptions.early_max) must be >= 2, got {self.early_max}")
     if self.closedness_sequences < 1:
@@ -98,6 +101,8 @@ FLAGS = (
          "--memory_budget_gb).", "int"),
     Flag("memory_budget_gb", None, "GiB one analysis step may allocate (default: half the memory free at the "
          "start); the batch size is the largest that fits.", "float"),
+    Flag("query_block", None, "Queries per block of each layer's attention (must divide --seq_len); default: "
+         "all of them when a batch fits --memory_budget_gb, else the largest power of two that fits.", "int"),
     Flag("closedness_sequences", 4, "Sequences per sweep (the first ones) the position-0 closedness check reruns.",
          "int"),
     Flag("skip_interventions", False, "Skip the intervention sweep.", "bool", sweep_default=False),

@@ -69,14 +69,23 @@ def _passes(model: Decoder, sequences: Mapping[str, np.ndarray], main: str, stat
   spec, seq_len = model.spec, sequences[main].shape[1]
   graphdef, params = nnx.split(model, nnx.Param)
   num_groups, x0_groups = core.fingerprint_groups(sequences, spec.vocab_size)
-  baseline_step = CompiledStep(make_baseline_step(graphdef, design, statistics, jnp.asarray(x0_groups),
-                                                 options.closedness_sequences))
-  position0_step = CompiledStep(make_position0_step(graphdef, jnp.asarray(x0_groups), options.closedness_sequences))
+  baseline_steps = {}  # per query block: the memory budget may compile several, the sweep runs one
+
+  def baseline_step(block: int) -> CompiledStep:
+    if block not in baseline_steps:
+      baseline_steps[block] = CompiledStep(make_baseline_step(
+          graphdef, design, statistics, jnp.asarray(x0_groups), options.closedness_sequences,
+          query_block=None if block == seq_len else block))
+    return baseline_steps[block]
+
   init = functools.partial(init_accumulators, spec, seq_len, statistics, options.num_blocks, num_groups=num_groups)
   init_other = functools.partial(init_position0_pass, spec, num_groups)
   others = [p for p in sequences if p != main]
   held = _nbytes(jax.eval_shape(init)) + len(others) * _nbytes(jax.eval_shape(init_other))
   options, step_memory = _fit_batch_size(baseline_step, params, jax.eval_shape(init), sequences, options, held)
+  baseline_step = baseline_step(options.query_block or seq_len)
+  position0_step = CompiledStep(make_position0_step(graphdef, jnp.asarray(x0_groups), options.closedness_sequences,
+                                                    options.query_block))
   acc = sweep(baseline_step, params, init(), sequences[main], options.batch_size, f"analysis[{main}]",
               progress=options.progress)
   finals = {main: {**jax.jit(core.finalize_core, static_argnames="options")(acc, visible, design, options),
@@ -151,18 +160,23 @@ def _nbytes(tree: Any) -> int:
   return sum(int(np.prod(x.shape)) * np.dtype(x.dtype).itemsize for x in jax.tree.leaves(tree))
 
 
-def _fit_batch_size(step, params, acc, sequences: Mapping[str, np.ndarray],
+def _fit_batch_size(step_for, params, acc, sequences: Mapping[str, np.ndarray],
                     options: AnalysisOptions, held: int) -> tuple[AnalysisOptions, dict]:
-  """``options`` with the largest batch size (up to ``options.batch_size``) whose baseline step fits the budget.
+  """``options`` with the largest batch size (up to ``options.batch_size``) whose baseline step fits the budget,
+  and the attention's query block (``query_block``: None for all ``T`` at once).
 
   The budget is ``memory_budget_gb`` or half of what is free now
   (:func:`memory.available_bytes`) once the accumulators the analysis will
   hold (``held`` bytes, not allocated yet) are taken out: for a 1B model at
   2,048 tokens they are gigabytes (the residual probe's blocked Gram
   matrices). The batch is also capped at :func:`memory.logits_batch_cap`
-  (one layer's logits within 256 MiB: larger batches are slower on the CPU).
-  The compiled programs are the ones the sweep then runs (:class:`steps.CompiledStep`).
-  Returns the options and the summary's ``memory`` entry.
+  (one block's logits within 256 MiB: larger batches are slower on the CPU).
+  Where one sequence's layer of logits passes that cap or the budget, the
+  attention runs in blocks of queries (:func:`memory.choose_batch_and_block`;
+  ``options.query_block`` fixes the block). ``step_for(block)`` is the
+  baseline step at that block; its compiled programs are the ones the sweep
+  then runs (:class:`steps.CompiledStep`). Returns the options and the
+  summary's ``memory`` entry.
   """
   free = memory.available_bytes() - held
   if options.memory_budget_gb is None and free <= 0:
@@ -172,16 +186,16 @@ def _fit_batch_size(step, params, acc, sequences: Mapping[str, np.ndarray],
   budget = free // 2 if options.memory_budget_gb is None else int(options.memory_budget_gb * memory.GiB)
   seq_len = next(iter(sequences.values())).shape[1]
 
-  def compile_for(b: int):
-    return step.compiled(params, acc, jax.ShapeDtypeStruct((b, seq_len), jnp.int32),
-                         jax.ShapeDtypeStruct((b,), jnp.int32))
+  def compile_for(b: int, block: int):
+    return step_for(block).compiled(params, acc, jax.ShapeDtypeStruct((b, seq_len), jnp.int32),
+                                    jax.ShapeDtypeStruct((b,), jnp.int32))
 
-  largest = min(options.batch_size, max(len(t) for t in sequences.values()),
-                memory.logits_batch_cap(acc["leakage"]["lz"].shape[2], seq_len))
-  batch, used = memory.choose_batch_size(compile_for, largest, budget,
-                                         what=f"the analysis step at {seq_len} tokens")
-  return dataclasses.replace(options, batch_size=batch), {
-      "budget_gib": budget / memory.GiB, "step_gib": used / memory.GiB,
+  largest = min(options.batch_size, max(len(t) for t in sequences.values()))
+  batch, block, used = memory.choose_batch_and_block(
+      compile_for, largest, budget, memory.query_blocks(seq_len, options.query_block),
+      acc["leakage"]["lz"].shape[2], seq_len, what=f"the analysis step at {seq_len} tokens")
+  return dataclasses.replace(options, batch_size=batch, query_block=None if block == seq_len else block), {
+      "budget_gib": budget / memory.GiB, "step_gib": used / memory.GiB, "query_block": block,
       "accumulators_gib": held / memory.GiB,
       "budget_rule": ("memory_budget_gb" if options.memory_budget_gb is not None
                       else "half the memory free at the start, less the accumulators"),

@@ -39,7 +39,7 @@ _COMPONENT_KEYS = {"causal_mask": "cov_mask", "residual_stream": "cov_res"}
 class Intervention:
   """One entry of summary.json's ``interventions`` (``name``: its key path, e.g. ``bos_replace.mean``).
 
-  ``edits(model, tokens, source, operand) -> {hook point: Edit}`` builds the
+  ``edits(model, tokens, source, operand, query_block=None) -> {hook point: Edit}`` builds the
   pass's edits inside the trace (``source``: another sequence per row, for
   ``pos0_patch``; ``operand``: this intervention's arrays, a traced input, so
   that the interventions sharing one ``edits`` function share one compiled
@@ -68,15 +68,16 @@ def sink_ablate_heads(sink: dict) -> tuple[np.ndarray, str]:
   return top, "no sink-reading head: the highest-scoring head of each layer (half-0 scores)"
 
 
-def _bos_replace(model: Decoder, tokens: jax.Array, source: jax.Array, replacement: dict) -> dict:
+def _bos_replace(model: Decoder, tokens: jax.Array, source: jax.Array, replacement: dict, query_block=None) -> dict:
   return edits.bos_replace(replacement)
 
 
-def _pos0_patch(model: Decoder, tokens: jax.Array, source: jax.Array, operand: Any) -> dict:
-  return edits.pos0_patch(jnp.moveaxis(forward(model, source)["resid"][:, :, 0], 1, 0))
+def _pos0_patch(model: Decoder, tokens: jax.Array, source: jax.Array, operand: Any, query_block=None) -> dict:
+  resid = forward(model, source, query_block=query_block)["resid"]
+  return edits.pos0_patch(jnp.moveaxis(resid[:, :, 0], 1, 0))
 
 
-def _sink_ablate(model: Decoder, tokens: jax.Array, source: jax.Array, heads: jax.Array) -> dict:
+def _sink_ablate(model: Decoder, tokens: jax.Array, source: jax.Array, heads: jax.Array, query_block=None) -> dict:
   return edits.sink_ablate(heads)
 
 
@@ -181,7 +182,7 @@ def run(model: Decoder, sequences: Mapping[str, np.ndarray], main: str, visible:
 
   def measured(name: str, edits_fn: Callable, operand: Any, on: FEDesign) -> dict:
     if edits_fn not in steps:
-      steps[edits_fn] = CompiledStep(make_intervention_step(graphdef, edits_fn))
+      steps[edits_fn] = CompiledStep(make_intervention_step(graphdef, edits_fn, options.query_block))
     acc = {"leakage": leakage.init(spec.num_layers, spec.num_heads, toks.shape[1], options.num_blocks),
            "denominators": denominators.init(spec.num_layers, spec.num_heads, toks.shape[1], options.num_blocks)}
     return sweep(steps[edits_fn], params, acc, toks, options.batch_size, f"intervention[{name}]", source,

@@ -75,6 +75,8 @@ class FEDesign(NamedTuple):
     n_cells: float32 ``[...]``.
     first_query: int32 ``[..., T]``, the first query with a cell at offset ``d``
       (``#{i : n_i <= d}``; ``T`` where none): ``S^T`` reads suffix sums there.
+    ref_last: bool ``[..., T]``, ``ref_valid``'s last row (query ``T - 1``): with
+      ``key_count`` it gives any block of ``ref_valid``'s rows (:func:`row_masks`).
   """
 
   visible: jax.Array
@@ -87,6 +89,7 @@ class FEDesign(NamedTuple):
   offset_count: jax.Array
   n_cells: jax.Array
   first_query: jax.Array
+  ref_last: jax.Array
 
 
 def _skew_mask(mask: np.ndarray, name: str) -> np.ndarray:
@@ -131,7 +134,7 @@ def _design_arrays(visible: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, .
   first_query = np.searchsorted(query_count, np.arange(t), side="right")
   return (visible, skew_valid, key_valid, key_count.astype(np.float32), ref_valid, ref_count.astype(np.float32),
           query_count.astype(np.float32), offset_count.astype(np.float32), np.float32(visible.sum()),
-          first_query.astype(np.int32))
+          first_query.astype(np.int32), ref_valid[t - 1].copy())
 
 
 def make_design(visible: np.ndarray | jax.Array, keys: np.ndarray | jax.Array | None = None) -> FEDesign:
@@ -166,20 +169,33 @@ def layer_mask(visible: jax.Array) -> jax.Array:
   return visible if visible.ndim == 2 else visible[..., None, :, :]
 
 
-def skew(x: jax.Array) -> jax.Array:
-  """``x[..., i, j] -> y[..., i, d] = x[..., i, i - d]``: ``[..., T, T]``.
+def skew(x: jax.Array, start: int | jax.Array = 0) -> jax.Array:
+  """``x[..., r, j] -> y[..., r, d] = x[..., r, start + r - d]``: ``[..., R, T] -> [..., R, T]``.
 
-  Meaningful on the cells only (``design.skew_valid``); callers mask the rest.
-  A strided copy rather than a gather (1.6x faster on CPU): with the keys
-  reversed, ``x'[i, k] = x[i, T-1-k]``, padded to rows of ``2T`` and re-read
-  in rows of ``2T - 1``, row ``i`` is shifted right by ``i``, so column
-  ``T - 1 + d`` holds ``x'[i, T-1-i+d] = x[i, i - d]``.
+  Rows ``r`` are the queries ``i = start + r`` (all ``T`` of them from ``start
+  = 0`` when ``R = T``), columns the keys. Meaningful on the cells only
+  (``design.skew_valid``, :func:`row_masks`); callers mask the rest. A
+  strided copy rather than a gather (1.6x faster on CPU): with the keys
+  reversed, ``x'[r, k] = x[r, T-1-k]``, padded to rows of ``2T`` and re-read
+  in rows of ``2T - 1``, row ``r`` is shifted right by ``r``, so column
+  ``T - 1 - start + d`` holds ``x'[r, T-1-start-r+d] = x[r, start + r - d]``.
   """
-  t = x.shape[-1]
+  t, rows = x.shape[-1], x.shape[-2]
   lead = x.shape[:-2]
   z = jnp.pad(jnp.flip(x, -1), [(0, 0)] * (x.ndim - 1) + [(0, t)])
-  z = z.reshape(lead + (2 * t * t,))[..., :t * (2 * t - 1)].reshape(lead + (t, 2 * t - 1))
-  return z[..., t - 1:]
+  z = z.reshape(lead + (2 * t * rows,))[..., :rows * (2 * t - 1)].reshape(lead + (rows, 2 * t - 1))
+  return jax.lax.dynamic_slice_in_dim(z, t - 1 - start, t, axis=-1)
+
+
+def row_masks(design: FEDesign, start: int | jax.Array, size: int) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """``skew_valid``, ``key_valid`` and ``ref_valid`` at queries ``start .. start + size - 1``: bool ``[size, T]``
+  each, from ``[T]`` fields of one mask's design (so a block of rows costs ``O(size T)``, not the ``[T, T]``)."""
+  t = design.query_count.shape[-1]
+  i = start + jnp.arange(size)[:, None]
+  d = jnp.arange(t)[None, :]
+  rows = lambda x: jax.lax.dynamic_slice_in_dim(x, start, size)[:, None]  # noqa: E731
+  cells, keys = d < rows(design.query_count), d < rows(design.key_count)
+  return cells, keys, jnp.where(i == t - 1, design.ref_last[None, :], keys & (d < i))
 
 
 def cell_mean_of_query_function(design: FEDesign, f: jax.Array) -> jax.Array:

@@ -65,6 +65,9 @@ from abspos_jax.analysis.passes import accumulators
 from abspos_jax.analysis.outputs import schema
 
 SUMS = ("os", "qs", "qq", "qr")  # per offset, per query, per query of y^2, per query of y * ref
+# What block_sums returns per query and per offset.
+ROWS = tuple(f"{x}_{k}" for x in ("s", "loga") for k in SUMS[1:]) + denominators.QUANTITIES
+OFFSETS = ("s_os", "loga_os", "zm")
 _BASE = ("var_phi", "var_total", "cov_mask", "cov_res", "var_mask", "var_res")
 _RATIOS = {"leakage_share": ("var_phi", "var_total"),
            "comp_mask": ("cov_mask", "var_total"),
@@ -92,67 +95,63 @@ def init(num_layers: int, num_heads: int, seq_len: int, num_blocks: int) -> dict
   return dict(s=quantity(), loga=quantity(), lz=zeros(k, *shape), zm=zeros(k, *shape), n=zeros(k))
 
 
-def _heads(x: jax.Array, base_ndim: int) -> jax.Array:
-  """A design field with leading ``()``, ``[L]`` or ``[L, H]`` broadcastable against ``[L, H, ...]``."""
-  return x[:, None] if x.ndim == base_ndim + 1 else x
+def block_sums(design: fe.FEDesign, start: int | jax.Array, ref_s: jax.Array, ref_l: jax.Array, s: jax.Array,
+               lz: jax.Array) -> tuple[dict, dict]:
+  """One head's sums over a block of one sequence's queries ``i = start .. start + R - 1``.
 
-
-def sequence_sums(design: fe.FEDesign, ref_s: jax.Array, ref_l: jax.Array, s: jax.Array,
-                  lz: jax.Array) -> tuple[dict, jax.Array, dict]:
-  """One sequence's sums: ``s [L, H, T, T]`` logits (ignored off the cells), ``lz [L, H, T]``.
-
-  Returns ``(sums, zres, qstats)``: ``sums`` holds ``s_os, ..., loga_qr, lz,
-  zm`` (each ``[L, H, T]``); ``zres [L, H, T]`` is this sequence's
-  ``log Z_i - log Z^mask(n(i))``, the normaliser taken from its own reference
-  queries (the attention-feature probe reads it); ``qstats`` are
+  ``design`` is one mask's (``[T]`` fields), ``ref_s, ref_l [T]`` the
+  references, ``s [R, T]`` the block's logits over every key (ignored off the
+  cells), ``lz [R]`` its ``log Z``. Returns ``(rows, offsets)``: ``rows`` holds
+  ``s_qs, s_qq, s_qr, loga_qs, loga_qq, loga_qr`` and the
   ``denominators.QUANTITIES`` over the keys (``denominators.query_statistics``
-  when the keys are the model's mask), from the same weights.
+  when the keys are the model's mask), each ``[R]``; ``offsets`` holds this
+  block's part of the per-offset sums ``s_os, loga_os`` and of ``zm`` (the
+  normaliser's terms of the block's reference queries), each ``[T]``, summed
+  over the blocks by the caller. A query's sums need only its own row, so
+  the blocks add up to the sums of the whole sequence.
 
   The cumulative ``logsumexp`` of the normaliser reuses the weights:
   ``logsumexp_{d<n} s_{p,p-d} = log Z_p + log sum_{d<n} a_{p,p-d}``. Where
   that sum underflows (the nearest logits 69 nats under ``log Z``; checked
-  once per sequence, so the common case pays nothing) it is taken shifted by
+  once per block, so the common case pays nothing) it is taken shifted by
   the query's own logit instead, exact unless a nearer key exceeds that by 80
   nats: exact for rows whose logits span less than ~149 nats.
   """
-  valid = _heads(design.skew_valid, 2)
-  raw = fe.skew(s)
-  sk = jnp.where(valid, raw, -jnp.inf)  # [L, H, T(i), T(d)]
-  out = {}
-  r = ref_s[..., None, :]
-  y = jnp.where(valid, sk - r, 0.0)
-  out.update(s_os=y.sum(-2), s_qs=y.sum(-1), s_qq=(y * y).sum(-1), s_qr=(y * r).sum(-1))
+  size = s.shape[-2]
+  valid, keys, refs = fe.row_masks(design, start, size)
+  raw = fe.skew(s, start)  # [R, T(d)]
+  rows, offsets = {}, {}
+  r = ref_s[None, :]
+  y = jnp.where(valid, raw - r, 0.0)
+  offsets["s_os"] = y.sum(-2)
+  rows.update(s_qs=y.sum(-1), s_qq=(y * y).sum(-1), s_qr=(y * r).sum(-1))
   # log a = s - log Z_i and ref_l = ref_s - c (offset_profile), so y_loga = y_s - u_i with u = log Z - c on
   # the cells: its sums follow from those of y_s and per-query terms, with no second pass over the grid.
-  c = (ref_s - ref_l)[..., :1]
+  c = ref_s[0] - ref_l[0]
   u = lz - c
-  sv = _heads(design.skew_valid, 2).astype(jnp.float32)
-  n_i = _heads(design.query_count, 1)
-  r1 = jnp.einsum("...id,...d->...i", sv, ref_l, precision=fe.HIGHEST)  # sum of ref_l over each query's cells
-  out.update(loga_os=out["s_os"] - jnp.einsum("...id,...i->...d", sv, u, precision=fe.HIGHEST),
-             loga_qs=out["s_qs"] - n_i * u,
-             loga_qq=out["s_qq"] - 2.0 * u * out["s_qs"] + n_i * u * u,
-             loga_qr=out["s_qr"] - c * out["s_qs"] - u * r1)
-  keys = _heads(design.key_valid, 2)
-  log_a = jnp.where(keys, raw - lz[..., None], -jnp.inf)
+  sv = valid.astype(jnp.float32)
+  n_i = jax.lax.dynamic_slice_in_dim(design.query_count, start, size)
+  r1 = jnp.einsum("id,d->i", sv, ref_l, precision=fe.HIGHEST)  # sum of ref_l over each query's cells
+  offsets["loga_os"] = offsets["s_os"] - jnp.einsum("id,i->d", sv, u, precision=fe.HIGHEST)
+  rows.update(loga_qs=rows["s_qs"] - n_i * u, loga_qq=rows["s_qq"] - 2.0 * u * rows["s_qs"] + n_i * u * u,
+              loga_qr=rows["s_qr"] - c * rows["s_qs"] - u * r1)
+  log_a = jnp.where(keys, raw - lz[:, None], -jnp.inf)
   a = jnp.exp(log_a)
   cs = _cumsum(a)
   tiny = 1e-30  # a normal float32: XLA's CPU flushes subnormals to 0
 
   def near_keys_too_small() -> jax.Array:  # rare: shift by the query's own logit where the weights underflow
-    e = jnp.where(keys, raw - raw[..., :1], -jnp.inf)
-    by_diagonal = raw[..., :1] + jnp.log(_cumsum(jnp.exp(jnp.minimum(e, 80.0))))
-    return jnp.where(cs >= tiny, lz[..., None] + jnp.log(jnp.maximum(cs, tiny)), by_diagonal)
+    e = jnp.where(keys, raw - raw[:, :1], -jnp.inf)
+    by_diagonal = raw[:, :1] + jnp.log(_cumsum(jnp.exp(jnp.minimum(e, 80.0))))
+    return jnp.where(cs >= tiny, lz[:, None] + jnp.log(jnp.maximum(cs, tiny)), by_diagonal)
 
   cum = jax.lax.cond(jnp.any(keys & (cs < tiny)), near_keys_too_small,
-                     lambda: lz[..., None] + jnp.log(jnp.maximum(cs, tiny)))
-  z = cum - raw[..., :1]
-  out["zm"] = jnp.where(_heads(design.ref_valid, 2), z, 0.0).sum(-2)
-  out["lz"] = lz
-  zmask = out["zm"] / jnp.maximum(_heads(design.ref_count, 1), 1.0)
-  qstats = denominators.weight_statistics(a, jnp.where(keys, log_a, 0.0))
-  qstats.update(log_z=lz, excess=lz - jnp.log(_heads(design.key_count, 1)))
-  return out, lz - _at_count(design, zmask), qstats
+                     lambda: lz[:, None] + jnp.log(jnp.maximum(cs, tiny)))
+  offsets["zm"] = jnp.where(refs, cum - raw[:, :1], 0.0).sum(-2)
+  key0 = start + jnp.arange(size)[:, None]  # key 0 of query i is offset d = i
+  rows.update(denominators.weight_statistics(a, jnp.where(keys, log_a, 0.0), key0))
+  rows.update(log_z=lz, excess=lz - jnp.log(jax.lax.dynamic_slice_in_dim(design.key_count, start, size)))
+  return rows, offsets
 
 
 def _cumsum(x: jax.Array, block: int = 32) -> jax.Array:
@@ -174,27 +173,27 @@ def _cumsum(x: jax.Array, block: int = 32) -> jax.Array:
   return (within + before[..., None]).reshape(x.shape[:-1] + (m * block,))[..., :t]
 
 
-def _at_count(design: fe.FEDesign, per_n: jax.Array) -> jax.Array:
-  """``f(n(i))`` from ``f`` indexed by ``n - 1``: ``[..., T] -> [..., T]``."""
-  idx = (_heads(design.key_count, 1) - 1).astype(jnp.int32)
-  return jnp.take_along_axis(per_n, jnp.broadcast_to(idx, per_n.shape), -1)
+def profile_block(design: fe.FEDesign, start: int | jax.Array, s: jax.Array, lz: jax.Array
+                  ) -> tuple[jax.Array, jax.Array]:
+  """One head's part of :func:`offset_profile` from a block of queries (``s [R, T]``, ``lz [R]`` as in
+  :func:`block_sums`): per offset the sum of ``s`` over the block's cells ``[T]``, and ``sum_i |C(i)| log Z_i``."""
+  valid = fe.row_masks(design, start, s.shape[-2])[0]
+  n_i = jax.lax.dynamic_slice_in_dim(design.query_count, start, s.shape[-2])
+  return jnp.where(valid, fe.skew(s, start), 0.0).sum(-2), (n_i * lz).sum()
 
 
-def offset_profile(design: fe.FEDesign, s: jax.Array, lz: jax.Array) -> tuple[jax.Array, jax.Array]:
-  """The references of one sequence, ``[L, H, T]`` each: ``ref_s`` the per-offset means of ``s``,
-  ``ref_l = ref_s - c`` with ``c`` the cell mean of ``log Z_i`` (an offset profile near that of ``log a``).
-  """
-  valid = _heads(design.skew_valid, 2)
-  sk = fe.skew(s)
-  count = jnp.maximum(_heads(design.offset_count, 1), 1.0)
-  ref_s = jnp.where(valid, sk, 0.0).sum(-2) / count
-  c = (_heads(design.query_count, 1) * lz).sum(-1, keepdims=True) / _heads(design.n_cells, 0)[..., None]
-  return ref_s, ref_s - c
+def offset_profile(design: fe.FEDesign, offset_sums: jax.Array, weighted_lz: jax.Array
+                   ) -> tuple[jax.Array, jax.Array]:
+  """The references of one sequence from its :func:`profile_block` sums over every block (``[..., T]`` and
+  ``[...]``): ``ref_s`` the per-offset means of ``s``, ``ref_l = ref_s - c`` with ``c`` the cell mean of
+  ``log Z_i`` (an offset profile near that of ``log a``)."""
+  ref_s = offset_sums / jnp.maximum(design.offset_count, 1.0)
+  return ref_s, ref_s - (weighted_lz / design.n_cells)[..., None]
 
 
 def update(acc: dict, logits: jax.Array, log_z: jax.Array, seq_ids: jax.Array,
            design: fe.FEDesign) -> tuple[dict, jax.Array, dict]:
-  """Adds a batch; returns ``(acc, zres [B, L, H, T], qstats)`` (see :func:`sequence_sums`).
+  """Adds a batch; returns ``(acc, zres [B, L, H, T], qstats)`` (see :class:`LayerFold`).
 
   Args:
     acc: from ``init``.
@@ -204,11 +203,15 @@ def update(acc: dict, logits: jax.Array, log_z: jax.Array, seq_ids: jax.Array,
     design: ``fixed_effects.make_design(cells)`` with cells ``[T, T]``,
       ``[L, T, T]`` or ``[L, H, T, T]``.
 
-  The same as :func:`update_layer` for every layer, then :func:`accumulators.count`.
+  Each layer is one block of all ``T`` queries folded by :class:`LayerFold`, then :func:`accumulators.count`.
   """
   zres, qstats = [], []
+  t = logits.shape[-1]
   for layer in range(logits.shape[1]):
-    acc, z, q = update_layer(acc, layer, logits[:, layer], log_z[:, layer], seq_ids, design)
+    fold = LayerFold(design, layer, seq_ids, t)
+    s, lz = logits[:, layer], log_z[:, layer]
+    state = fold(fold.begin(acc, lambda start: (s[:1], lz[:1])), 0, s, lz)
+    acc, z, q = fold.end(acc, state)
     zres.append(z)
     qstats.append(q)
   stacked = {k: jnp.stack([q[k] for q in qstats], 1) for k in qstats[0]}
@@ -216,48 +219,100 @@ def update(acc: dict, logits: jax.Array, log_z: jax.Array, seq_ids: jax.Array,
 
 
 def _head_design(d: fe.FEDesign, head: jax.Array) -> fe.FEDesign:
-  """One head's ``[T, T]`` design from one layer's (``[T, T]``, ``[1, T, T]`` or ``[1, H, T, T]``)."""
-  lead = d.visible.ndim - 2
-  if lead == 0:
+  """One head's design from one layer's without its layer axis (``[T]`` fields, or ``[H, T]`` per head)."""
+  if d.query_count.ndim == 1:
     return d
-  if lead == 1:
-    return fe.FEDesign(*(x[0] for x in d))
-  return fe.FEDesign(*(jax.lax.dynamic_index_in_dim(x[0], head, 0, keepdims=False) for x in d))
+  return fe.FEDesign(*(jax.lax.dynamic_index_in_dim(x, head, 0, keepdims=False) for x in d))
 
 
-def update_layer(acc: dict, layer: int, logits: jax.Array, log_z: jax.Array, seq_ids: jax.Array,
-                 design: fe.FEDesign) -> tuple[dict, jax.Array, dict]:
-  """Folds one layer: ``logits [B, H, T, T]``, ``log_z [B, H, T]`` into ``acc``'s slice ``layer`` (static).
+class LayerFold:
+  """Folds one layer's blocks of queries into the leakage accumulators (an ``attention.BlockFold``).
 
-  Returns ``(acc, zres [B, H, T], qstats)`` (each ``[B, H, T]``). The sequence
-  count ``n`` is not touched: call :func:`accumulators.count` once per batch, after the last
-  layer (the first batch's references are taken while ``n`` is still 0).
+  ``begin(acc, first_rows)`` takes the layer's references (on the first batch,
+  from its first sequence: :func:`offset_profile`, one pass over that
+  sequence's blocks), ``fold(state, start, logits [B, H, R, T], log_z [B, H, R])``
+  adds a block (:func:`block_sums`, one head of one sequence at a time), and
+  ``end(acc, state)`` adds the sequences' sums to their blocks of ``acc``'s
+  slice ``layer``, returning ``(acc, zres [B, H, T], qstats)`` (each
+  ``[B, H, T]``): ``zres`` is each sequence's ``log Z_i - log Z^mask(n(i))``,
+  the normaliser taken from its own reference queries (the attention-feature
+  probe reads it). The sequence count ``n`` is not touched: call
+  :func:`accumulators.count` once per batch, after the last layer (the first
+  batch's references are taken while ``n`` is still 0).
   """
-  part = accumulators.view(acc, layer)
-  d = accumulators.design(design, layer)
-  log_z = log_z.astype(jnp.float32)[:, None]
-  logits = logits[:, None]
-  num_blocks = acc["n"].shape[0]
-  ref_s, ref_l = jax.lax.cond(acc["n"].sum() > 0, lambda: (part["s"]["ref"], part["loga"]["ref"]),
-                              lambda: offset_profile(d, logits[0], log_z[0]))
-  b, _, h, t, _ = logits.shape
-  # One head of one sequence at a time: its [T, T] temporaries stay in cache and in memory the
-  # allocator reuses, where a whole layer's [H, T, T] ones would need fresh pages the kernel zeroes.
-  def one_head(x):
-    s, lz, head = x
-    return sequence_sums(_head_design(d, head), ref_s[0, head], ref_l[0, head], s, lz)
 
-  sums, zres, qstats = jax.lax.map(one_head, (logits.reshape(b * h, t, t), log_z.reshape(b * h, t),
-                                              jnp.tile(jnp.arange(h), b)))
-  per_layer = lambda x: x.reshape(b, 1, h, t)  # noqa: E731
-  sums, zres, qstats = (jax.tree.map(per_layer, x) for x in (sums, zres, qstats))
-  onehot = jax.nn.one_hot(seq_ids % num_blocks, num_blocks, dtype=jnp.float32)
-  add = lambda a, x: a + jnp.einsum("bk,b...->k...", onehot, x, precision=fe.HIGHEST)  # noqa: E731
-  out = {name: {**{k: add(part[name][k], sums[f"{name}_{k}"]) for k in SUMS}, "ref": ref}
-         for name, ref in (("s", ref_s), ("loga", ref_l))}
-  out.update(lz=add(part["lz"], sums["lz"]), zm=add(part["zm"], sums["zm"]), n=part["n"])
-  return accumulators.write(acc, layer, out), zres[:, 0], {k: v[:, 0] for k, v in qstats.items()}
+  def __init__(self, design: fe.FEDesign, layer: int, seq_ids: jax.Array, seq_len: int, block: int | None = None):
+    d = accumulators.design(design, layer)
+    # The layer's design without its layer axis: [T] fields for one mask, [H, T] per head.
+    self.design = d if d.query_count.ndim == 1 else fe.FEDesign(*(x[0] for x in d))
+    self.layer, self.seq_ids = layer, seq_ids
+    self.starts = jnp.arange(0, seq_len, block or seq_len)
 
+  def _per_head(self, fn, s: jax.Array, lz: jax.Array, *args):
+    """``fn(head design, *head args, s [R, T], lz [R])`` over every (sequence, head) of ``s [B, H, R, T]``, one at
+    a time: a head's temporaries stay in cache and in memory the allocator reuses, where a whole layer's would
+    need fresh pages the kernel zeroes. ``args`` are per head ``[H, ...]``; outputs come back ``[B, H, ...]``."""
+    b, h, r, t = s.shape
+
+    def one(x):
+      head, s, lz, *per_head = x
+      return fn(_head_design(self.design, head), *per_head, s, lz)
+
+    heads = jnp.tile(jnp.arange(h), b)
+    out = jax.lax.map(one, (heads, s.reshape(b * h, r, t), lz.reshape(b * h, r),
+                            *(jnp.tile(x, (b,) + (1,) * (x.ndim - 1)) for x in args)))
+    return jax.tree.map(lambda x: x.reshape((b, h) + x.shape[1:]), out)
+
+  def begin(self, acc: dict, first_rows) -> dict:
+    part = accumulators.view(acc, self.layer)
+
+    def profile():
+      def add(sums, start):
+        s, lz = first_rows(start)
+        os, wlz = self._per_head(profile_block_at(start), s.astype(jnp.float32), lz.astype(jnp.float32))
+        return (sums[0] + os[0], sums[1] + wlz[0]), None
+
+      h, t = part["s"]["ref"].shape[1:]
+      zero = (jnp.zeros((h, t), jnp.float32), jnp.zeros((h,), jnp.float32))
+      sums = jax.lax.scan(add, zero, self.starts)[0] if len(self.starts) > 1 else add(zero, 0)[0]
+      return offset_profile(self.design, *sums)
+
+    ref_s, ref_l = jax.lax.cond(acc["n"].sum() > 0, lambda: (part["s"]["ref"][0], part["loga"]["ref"][0]), profile)
+    zeros = jnp.zeros((len(self.seq_ids),) + ref_s.shape, jnp.float32)
+    return {"ref_s": ref_s, "ref_l": ref_l, "rows": {k: zeros for k in ROWS},
+            "offsets": {k: zeros for k in OFFSETS}}
+
+  def __call__(self, state: dict, start, logits: jax.Array, log_z: jax.Array) -> dict:
+    rows, offsets = self._per_head(block_sums_at(start), logits.astype(jnp.float32), log_z.astype(jnp.float32),
+                                   state["ref_s"], state["ref_l"])
+    put = lambda whole, x: jax.lax.dynamic_update_slice_in_dim(whole, x, start, axis=2)  # noqa: E731
+    return {**state, "rows": {k: put(state["rows"][k], v) for k, v in rows.items()},
+            "offsets": {k: state["offsets"][k] + v for k, v in offsets.items()}}
+
+  def end(self, acc: dict, state: dict) -> tuple[dict, jax.Array, dict]:
+    part = accumulators.view(acc, self.layer)
+    sums = {**state["rows"], **state["offsets"]}
+    num_blocks = acc["n"].shape[0]
+    onehot = jax.nn.one_hot(self.seq_ids % num_blocks, num_blocks, dtype=jnp.float32)
+    add = lambda a, x: a + jnp.einsum("bk,b...->k...", onehot, x[:, None], precision=fe.HIGHEST)  # noqa: E731
+    out = {name: {**{k: add(part[name][k], sums[f"{name}_{k}"]) for k in SUMS}, "ref": ref[None]}
+           for name, ref in (("s", state["ref_s"]), ("loga", state["ref_l"]))}
+    lz = sums["log_z"]
+    out.update(lz=add(part["lz"], lz), zm=add(part["zm"], sums["zm"]), n=part["n"])
+    zmask = sums["zm"] / jnp.maximum(self.design.ref_count, 1.0)  # [B, H, T], index n - 1
+    at_count = jnp.broadcast_to((self.design.key_count - 1).astype(jnp.int32), zmask.shape)
+    qstats = {k: sums[k] for k in denominators.QUANTITIES}
+    return accumulators.write(acc, self.layer, out), lz - jnp.take_along_axis(zmask, at_count, -1), qstats
+
+
+def block_sums_at(start):
+  """:func:`block_sums` at ``start`` as ``fn(design, ref_s, ref_l, s, lz)``."""
+  return lambda design, ref_s, ref_l, s, lz: block_sums(design, start, ref_s, ref_l, s, lz)
+
+
+def profile_block_at(start):
+  """:func:`profile_block` at ``start`` as ``fn(design, s, lz)``."""
+  return lambda design, s, lz: profile_block(design, start, s, lz)
 
 
 def _half_weights(keep: jax.Array) -> jax.Array:

@@ -137,18 +137,21 @@ def curves_figure(curves: dict[str, dict[str, list]], path: str) -> None:
 def step_record(step: int, summary: dict, tokens_per_step: int | None = None) -> dict:
   """The numbers of checkpoint ``step``'s analysis (its ``summary.json``) that ``steps.json`` tracks.
 
-  ``step``, ``tokens`` (``step * tokens_per_step``, None without it),
-  ``leakage_log_weights``, pooled ``causal_mask_share``,
-  ``residual_stream_share``, ``leakage_share`` and their ``*_early`` variants,
-  ``sink_score_max``, ``sink_rate`` (per layer) and, when BOS replacement ran,
-  ``bos_replace``: per replacement kind the ``residual_stream`` and
-  ``causal_mask`` ``_change`` (after - before covariance, nats^2) and
-  ``_removed`` (a fraction, None where the component before is not clearly
-  non-zero), all and early queries. Each number that summary.json gives an
-  interval has it beside it as ``KEY_ci`` (``[lo, hi]``, None where the
-  summary has none).
+  ``step``, ``tokens`` (``step * tokens_per_step``, None without it) and the
+  numbers of :func:`summary_record`.
   """
-  rec = {"step": step, "tokens": None if tokens_per_step is None else step * tokens_per_step}
+  tokens = None if tokens_per_step is None else step * tokens_per_step
+  return {"step": step, "tokens": tokens, **summary_record(summary)}
+
+
+def summary_record(summary: dict) -> dict:
+  """``leakage_log_weights``, pooled ``causal_mask_share``, ``residual_stream_share``, ``leakage_share`` and their
+  ``*_early`` variants, ``sink_score_max``, ``sink_rate`` (per layer) and, when BOS replacement ran,
+  ``bos_replace``: per replacement kind the ``residual_stream`` and ``causal_mask`` ``_change`` (after - before
+  covariance, nats^2) and ``_removed`` (a fraction, None where the component before is not clearly non-zero), all
+  and early queries. Each number that summary.json gives an interval has it beside it as ``KEY_ci`` (``[lo,
+  hi]``, None where the summary has none)."""
+  rec = {}
   for name, path in (("leakage_log_weights", schema.LEAKAGE_LOG_WEIGHTS), ("sink_score_max", schema.SINK_SCORE_MAX)):
     rec[name], rec[name + "_ci"] = schema.get(summary, path), schema.interval(summary, path)
   rec["sink_rate"] = schema.get(summary, schema.SINK_RATE)

@@ -68,13 +68,17 @@ def sink_ablate(heads: jax.Array) -> dict[str, Edit]:
 
   Every layer gets the edit, so that ``heads`` can be a traced input (one
   compiled pass for any choice of heads); where it is False the logits pass
-  through unchanged (``where(False, -inf, s) = s``).
+  through unchanged (``where(False, -inf, s) = s``). The queries ``i >= 1``
+  are those that see another key than key 0 (each query sees itself), so
+  the edit reads only each query's row of logits.
   """
   edits = {}
   for l in range(heads.shape[0]):
-    def edit(s, l=l):  # s [B, H, T, T]
-      drop = (jnp.asarray(heads[l])[None, :, None, None] & (jnp.arange(s.shape[-2])[:, None] >= 1)
-              & (jnp.arange(s.shape[-1])[None, :] == 0))
+    def edit(s, l=l):  # s [B, H, R, T]: a block of queries (all T of them, or fewer: hooks.Hooks.query_block)
+      # A query i >= 1 is one that sees a key other than key 0 (itself): a test on its own row, so the edit
+      # is the same on any block of queries.
+      later = jnp.isfinite(s[..., 1:]).any(-1, keepdims=True)
+      drop = jnp.asarray(heads[l])[None, :, None, None] & later & (jnp.arange(s.shape[-1]) == 0)
       return jnp.where(drop, -jnp.inf, s)
 
     edits[hooks_lib.attn(l, "logits")] = edit

@@ -1,4 +1,4 @@
-"""Batch size from a memory budget: the largest batch whose compiled step fits.
+"""Batch size and attention block from a memory budget: the largest batch whose compiled step fits.
 
 XLA reports, per compiled program, the bytes of its arguments, outputs,
 aliased (donated) buffers and scratch (``Compiled.memory_analysis()``). What a
@@ -6,7 +6,11 @@ step of the analysis pass allocates beyond the inputs already in memory
 (parameters, accumulators) is ``scratch + outputs - aliased``; it grows
 linearly in the batch size ``B`` (one layer's ``[B, H, T, T]`` logits and the
 forward's activations), so two compilations (``B = 1`` and the largest ``B``)
-give the line and a third confirms the chosen size.
+give the line and a third confirms the chosen size. Where one sequence does
+not fit, or its ``[H, T, T]`` logits pass :data:`LOGITS_BYTES_CAP`, the
+attention runs in blocks of queries (``attention.query_block_attention``),
+halving the block until it does: the step then grows with ``B * block * T``,
+not ``B * T^2`` (:func:`choose_batch_and_block`).
 """
 
 from __future__ import annotations
@@ -40,9 +44,31 @@ def available_bytes(device: jax.Device | None = None) -> int:
 LOGITS_BYTES_CAP = 256 * 2**20
 
 
-def logits_batch_cap(num_heads: int, seq_len: int) -> int:
-  """The largest batch whose one layer of float32 logits ``[B, H, T, T]`` stays within ``LOGITS_BYTES_CAP`` (>= 1)."""
-  return max(1, LOGITS_BYTES_CAP // (num_heads * seq_len * seq_len * 4))
+MIN_QUERY_BLOCK = 16  # smaller blocks make too many small products to be worth it
+
+
+def logits_batch_cap(num_heads: int, seq_len: int, block: int | None = None) -> int:
+  """The largest batch whose float32 logits of one block of queries, ``[B, H, block, T]`` (``block`` default
+  ``T``: one layer's), stay within ``LOGITS_BYTES_CAP`` (>= 1)."""
+  return max(1, LOGITS_BYTES_CAP // (num_heads * (block or seq_len) * seq_len * 4))
+
+
+def query_blocks(seq_len: int, requested: int | None = None) -> list[int]:
+  """The attention blocks to try, largest first: ``requested`` alone (it must divide ``seq_len``), else
+  ``seq_len`` and its halvings down to :data:`MIN_QUERY_BLOCK`."""
+  if requested is not None:
+    if seq_len % requested:
+      raise ValueError(f"query_block (analyze.py --query_block) must divide the sequence length {seq_len}, "
+                       f"got {requested}")
+    return [min(requested, seq_len)]
+  out = [seq_len]
+  while out[-1] % 2 == 0 and out[-1] // 2 >= MIN_QUERY_BLOCK:
+    out.append(out[-1] // 2)
+  return out
+
+
+class DoesNotFit(ValueError):
+  """One sequence's step needs more than the memory budget."""
 
 
 def step_bytes(compiled) -> int:
@@ -63,7 +89,7 @@ def choose_batch_size(compile_for: Callable[[int], object], max_batch: int, budg
     return max_batch, top
   one = step_bytes(compile_for(1)) if max_batch > 1 else top
   if one > budget:
-    raise ValueError(f"one sequence does not fit: {what} needs {one / GiB:.2f} GiB for a batch of 1 and the memory "
+    raise DoesNotFit(f"one sequence does not fit: {what} needs {one / GiB:.2f} GiB for a batch of 1 and the memory "
                      f"budget is {budget / GiB:.2f} GiB; raise memory_budget_gb (analyze.py --memory_budget_gb) or "
                      f"analyse shorter sequences (--seq_len)")
   per_seq = max((top - one) / (max_batch - 1), 1.0)
@@ -74,3 +100,24 @@ def choose_batch_size(compile_for: Callable[[int], object], max_batch: int, budg
       return b, used
     b = max(1, int(b * budget / used))
   return 1, one
+
+
+def choose_batch_and_block(compile_for: Callable[[int, int], object], max_batch: int, budget: int,
+                           blocks: list[int], num_heads: int, seq_len: int,
+                           what: str = "the analysis step") -> tuple[int, int, int]:
+  """``(B, block, bytes)``: the largest block of ``blocks`` (largest first) whose logits for one sequence stay
+  within :data:`LOGITS_BYTES_CAP` (the last one otherwise) and whose step fits ``budget`` for one sequence,
+  with the largest batch that then fits (:func:`choose_batch_size`; ``compile_for(B, block)``).
+
+  Raises ``ValueError`` before any work when one sequence does not fit at the smallest block.
+  """
+  within_cap = [b for b in blocks if num_heads * b * seq_len * 4 <= LOGITS_BYTES_CAP] or blocks[-1:]
+  for block in within_cap:
+    try:
+      batch, used = choose_batch_size(lambda b: compile_for(b, block), min(max_batch, logits_batch_cap(
+          num_heads, seq_len, block)), budget, what=f"{what} in blocks of {block} queries")
+      return batch, block, used
+    except DoesNotFit as e:
+      last = e
+  raise DoesNotFit(f"{last}; no smaller query block is left to try (the smallest is {within_cap[-1]}: "
+                   f"--query_block, or --memory_budget_gb)")

@@ -6,10 +6,12 @@ the model once through :class:`abspos_jax.hooks.Hooks` (the same attention
 code path as training) and fold the captures into the estimator accumulators
 of this package. The core step (denominators, leakage, position 0) is the part
 of the baseline step that the training-time emergence hook runs. Each layer's
-``[B, H, T, T]`` logits are folded into the accumulators as soon as the layer
-has run (:func:`forward_folding`), so the pass holds one layer's logits at a
-time, never ``[B, L, H, T, T]``; accumulators are ``O(L * H * T)`` whatever
-the number of sequences.
+attention runs ``query_block`` queries at a time and each block's logits are
+folded into the accumulators as soon as they are computed (:func:`fold_pass`),
+so the pass holds ``[B, H, query_block, T]`` logits, never a layer's
+``[B, H, T, T]`` (with ``query_block = None``: one layer's at a time, never
+``[B, L, H, T, T]``); accumulators are ``O(L * H * T)`` whatever the number of
+sequences.
 """
 
 import dataclasses
@@ -56,81 +58,82 @@ def core_points(num_layers: int) -> list[str]:
           + [hooks_lib.attn(l, "log_z") for l in range(num_layers)])
 
 
-# fold(state, layer, logits [B, H, T, T], log_z [B, H, T]) -> state
-Fold = Callable[[Any, int, jax.Array, jax.Array], Any]
-
-
 class _FoldingHooks(Hooks):
-  """Hooks that hand each layer's logits and ``log Z`` to ``fold`` as soon as the layer has computed them.
+  """Hooks that fold each layer's attention, block by block of queries, into the leakage and denominator
+  accumulators while the layer runs (:class:`leakage.LayerFold`).
 
-  The block's output then passes an optimisation barrier together with the
-  state, so layer ``l + 1`` starts only after layer ``l`` is folded: XLA cannot
-  defer the folds to the end and keep every layer's ``[B, H, T, T]`` alive.
+  ``state`` holds ``leakage`` and ``denominators`` accumulators and the
+  per-layer ``zres`` and ``qstats`` so far. The block's output then passes an
+  optimisation barrier together with the state, so layer ``l + 1`` starts
+  only after layer ``l`` is folded: XLA cannot defer the folds to the end
+  and keep every layer's logits alive.
   """
 
-  def __init__(self, edits, capture, fold: Fold, state: Any):
-    super().__init__(edits, capture)
-    self.fold, self.state, self._logits = fold, state, None
+  def __init__(self, edits, capture, query_block, design: FEDesign, seq_ids: jax.Array, state: dict):
+    super().__init__(edits, capture, query_block)
+    self.design, self.seq_ids, self.state, self._fold = design, seq_ids, state, None
+
+  def attention_fold(self, layer: int, seq_len: int, block: int):
+    self._fold = leakage.LayerFold(self.design, layer, self.seq_ids, seq_len, block)
+    return self._fold, self.state["leakage"]
+
+  def attention_folded(self, layer: int, state: dict) -> None:
+    lk, zres, q = self._fold.end(self.state["leakage"], state)
+    s = self.state
+    self.state = {"leakage": lk, "denominators": denominators.accumulate_layer(s["denominators"], layer, q,
+                                                                              self.seq_ids),
+                  "zres": (*s["zres"], zres), "qstats": (*s["qstats"], q)}
 
   def __call__(self, name: str, value: jax.Array) -> jax.Array:
     value = super().__call__(name, value)
-    if hooks_lib.is_attn(name, "logits"):
-      self._logits = value
-    elif hooks_lib.is_attn(name, "log_z"):
-      self.state = self.fold(self.state, hooks_lib.layer_of(name), self._logits, value)
-      self._logits = None
-    elif hooks_lib.is_resid(name) and name != hooks_lib.resid(0):
+    if hooks_lib.is_resid(name) and name != hooks_lib.resid(0):
       value, self.state = jax.lax.optimization_barrier((value, self.state))
     return value
 
 
-def forward_folding(model: Decoder, tokens: jax.Array, fold: Fold | None = None, state: Any = None,
-                    edits: Mapping[str, Edit] | None = None,
-                    extra_points: tuple[str, ...] = ()) -> tuple[dict[str, jax.Array], Any]:
-  """Run ``model`` on ``tokens [B, T]``, folding each layer's attention into ``state`` while it runs.
+def forward(model: Decoder, tokens: jax.Array, edits: Mapping[str, Edit] | None = None,
+            extra_points: tuple[str, ...] = (), query_block: int | None = None) -> dict[str, jax.Array]:
+  """Run ``model`` on ``tokens [B, T]`` through :class:`Hooks` (``query_block`` queries of attention at a time).
 
-  ``fold(state, l, logits [B, H, T, T], log_z [B, H, T])`` sees the logits
-  after any edit. Returns ``(captures, state)``; captures: ``log_z [B, L, H, T]``,
-  ``resid [B, L+1, T, D]`` (float32), ``output [B, T, V]`` and every point of
-  ``extra_points`` under its own name. Peak memory holds one layer's logits.
+  Returns ``log_z [B, L, H, T]``, ``resid [B, L+1, T, D]`` (float32),
+  ``output [B, T, V]`` and every point of ``extra_points`` under its own name.
   """
+  return _captures(model, tokens, Hooks(edits, _capture(model, extra_points), query_block), extra_points)
+
+
+def _capture(model: Decoder, extra_points: tuple[str, ...]) -> set[str]:
+  return set(core_points(model.spec.num_layers)) | set(extra_points)
+
+
+def _captures(model: Decoder, tokens: jax.Array, hooks: Hooks, extra_points: tuple[str, ...]) -> dict:
   n = model.spec.num_layers
-  capture = set(core_points(n)) | set(extra_points)
-  hooks = Hooks(edits, capture) if fold is None else _FoldingHooks(edits, capture, fold, state)
   output = model(tokens, hooks=hooks)
   c = hooks.cache
-  cap = {"output": output,
-         "log_z": jnp.stack([c[hooks_lib.attn(l, "log_z")] for l in range(n)], 1),
-         "resid": jnp.stack([c[hooks_lib.resid(l)] for l in range(n + 1)], 1).astype(jnp.float32),
-         **{p: c[p] for p in extra_points}}
-  return cap, (state if fold is None else hooks.state)
-
-
-def forward(model: Decoder, tokens: jax.Array, edits: Mapping[str, Edit] | None = None,
-            extra_points: tuple[str, ...] = ()) -> dict[str, jax.Array]:
-  """The captures of :func:`forward_folding` without a fold (no logits are kept)."""
-  return forward_folding(model, tokens, edits=edits, extra_points=extra_points)[0]
+  return {"output": output,
+          "log_z": jnp.stack([c[hooks_lib.attn(l, "log_z")] for l in range(n)], 1),
+          "resid": jnp.stack([c[hooks_lib.resid(l)] for l in range(n + 1)], 1).astype(jnp.float32),
+          **{p: c[p] for p in extra_points}}
 
 
 def fold_pass(model: Decoder, acc: dict, tokens: jax.Array, seq_ids: jax.Array, design: FEDesign,
-              edits: Mapping[str, Edit] | None = None, extra_points: tuple[str, ...] = ()
+              edits: Mapping[str, Edit] | None = None, extra_points: tuple[str, ...] = (),
+              query_block: int | None = None
               ) -> tuple[dict, dict[str, jax.Array], jax.Array, dict[str, jax.Array]]:
-  """One forward with the leakage and denominator statistics folded in layer by layer.
+  """One forward with the leakage and denominator statistics folded in, layer by layer and block by block.
 
   ``acc`` holds ``leakage`` and ``denominators`` accumulators (other keys are
   passed through); the statistics are measured on ``design``'s cells and keys
-  (:func:`leakage.update_layer`). Returns ``(acc, captures, zres, qstats)``:
-  ``zres [B, L, H, T]`` the residual part of ``log Z`` and ``qstats`` the
-  denominator statistics (each ``[B, L, H, T]``), both from the leakage's one
-  pass over each layer's logits.
+  (:class:`leakage.LayerFold`). The attention runs ``query_block`` queries
+  at a time (None: all at once), so the pass holds ``[B, H, query_block, T]``
+  logits, never a layer's ``[B, H, T, T]``. Returns ``(acc, captures, zres,
+  qstats)``: captures as :func:`forward`, ``zres [B, L, H, T]`` the residual
+  part of ``log Z`` and ``qstats`` the denominator statistics (each ``[B, L,
+  H, T]``), both from the leakage's one pass over each layer's logits.
   """
-  def fold(state, layer, logits, log_z):
-    lk, zres, q = leakage.update_layer(state["leakage"], layer, logits, log_z, seq_ids, design)
-    return {"leakage": lk, "denominators": denominators.accumulate_layer(state["denominators"], layer, q, seq_ids),
-            "zres": (*state["zres"], zres), "qstats": (*state["qstats"], q)}
-
   start = {"leakage": acc["leakage"], "denominators": acc["denominators"], "zres": (), "qstats": ()}
-  cap, state = forward_folding(model, tokens, fold, start, edits, extra_points)
+  hooks = _FoldingHooks(edits, _capture(model, extra_points), query_block, design, seq_ids, start)
+  cap = _captures(model, tokens, hooks, extra_points)
+  state = hooks.state
   qstats = {k: jnp.stack([q[k] for q in state["qstats"]], 1) for k in state["qstats"][0]}
   out = {**acc, "leakage": accumulators.count(state["leakage"], seq_ids),
          "denominators": accumulators.count(state["denominators"], seq_ids)}
@@ -164,7 +167,8 @@ def init_core(spec, seq_len: int, num_blocks: int, num_groups: int | None = None
 
 
 def update_core(model: Decoder, acc: dict, tokens: jax.Array, seq_ids: jax.Array, design: FEDesign,
-                x0_groups: jax.Array | None = None, extra_points: tuple[str, ...] = ()
+                x0_groups: jax.Array | None = None, extra_points: tuple[str, ...] = (),
+                query_block: int | None = None
                 ) -> tuple[dict, dict[str, jax.Array], jax.Array, dict[str, jax.Array]]:
   """One forward of ``model`` on ``tokens [B, T]`` folded into the core accumulators of :func:`init_core`.
 
@@ -174,22 +178,24 @@ def update_core(model: Decoder, acc: dict, tokens: jax.Array, seq_ids: jax.Array
   index over the first tokens that occur), so the per-group accumulator is
   ``[groups, L+1, D]`` rather than ``[V, L+1, D]`` (gigabytes for a 32k-150k
   vocabulary); None groups by the token id itself. Returns ``(acc, captures,
-  zres, qstats)`` as :func:`fold_pass`.
+  zres, qstats)`` as :func:`fold_pass` (``query_block`` as there).
   """
-  acc, cap, zres, qstats = fold_pass(model, acc, tokens, seq_ids, design, extra_points=extra_points)
+  acc, cap, zres, qstats = fold_pass(model, acc, tokens, seq_ids, design, extra_points=extra_points,
+                                     query_block=query_block)
   groups = tokens if x0_groups is None else x0_groups[tokens[:, :1]]
   return {**acc, "position0": position0.update(acc["position0"], cap["resid"], groups)}, cap, zres, qstats
 
 
 def make_core_step(graphdef: nnx.GraphDef, design: FEDesign,
-                   x0_groups: jax.Array | None = None):
+                   x0_groups: jax.Array | None = None, query_block: int | None = None):
   """``step(params, acc, tokens [B, T], seq_ids [B]) -> acc``: one forward, only the core statistics.
 
   What the training-time emergence hook (``analysis/emergence.py``) runs:
   the baseline step without the closedness forward, the probes and the loss.
   """
   def step(params, acc, tokens, seq_ids):
-    return update_core(nnx.merge(graphdef, params), acc, tokens, seq_ids, design, x0_groups)[0]
+    return update_core(nnx.merge(graphdef, params), acc, tokens, seq_ids, design, x0_groups,
+                       query_block=query_block)[0]
 
   return step
 
@@ -236,7 +242,7 @@ def closedness_inputs(tokens: jax.Array, k: int, vocab_size: int) -> jax.Array:
 
 
 def _checks(model: Decoder, acc: dict, cap: dict[str, jax.Array], tokens: jax.Array, seq_ids: jax.Array,
-            closedness_sequences: int) -> dict:
+            closedness_sequences: int, query_block: int | None) -> dict:
   """The closedness check and the loss sums of a batch, given its forward's captures ``cap``.
 
   The check runs on the batches that start within the first
@@ -248,7 +254,8 @@ def _checks(model: Decoder, acc: dict, cap: dict[str, jax.Array], tokens: jax.Ar
   forward is the first of the two. A causal leak moves ``h_0`` on any
   sequence, so a few sequences per sweep make the check, and its cost stays
   that of two forwards of ``k`` sequences per sweep, whatever the number of
-  batches (at 2,048 tokens a batch may hold one or two sequences).
+  batches (at 2,048 tokens a batch may hold one or two sequences). Its
+  forwards run ``query_block`` queries of attention at a time.
   """
   # Same x_0, different tokens after it: position 0 must not move. Both sides come from forwards of
   # the same shape: a causal model then gives bitwise-equal h_0, whereas a [k, T] and a [B, T]
@@ -257,8 +264,8 @@ def _checks(model: Decoder, acc: dict, cap: dict[str, jax.Array], tokens: jax.Ar
 
   def check() -> jax.Array:
     other = closedness_inputs(tokens, k, model.spec.vocab_size)
-    same = cap["resid"] if k == tokens.shape[0] else forward(model, tokens[:k])["resid"]
-    return position0.closedness_max_abs_diff(same, forward(model, other)["resid"])
+    same = cap["resid"] if k == tokens.shape[0] else forward(model, tokens[:k], query_block=query_block)["resid"]
+    return position0.closedness_max_abs_diff(same, forward(model, other, query_block=query_block)["resid"])
 
   closedness = jax.lax.cond(seq_ids[0] < closedness_sequences, check, lambda: jnp.zeros_like(acc["closedness"]))
   n = tokens.shape[0] * (tokens.shape[1] - 1)
@@ -275,26 +282,27 @@ def _check_closedness_sequences(closedness_sequences: int) -> None:
 
 def make_baseline_step(graphdef: nnx.GraphDef, design: FEDesign,
                        user: Mapping[str, Statistic], x0_groups: jax.Array | None = None,
-                       closedness_sequences: int = 4):
+                       closedness_sequences: int = 4, query_block: int | None = None):
   """``step(params, acc, tokens [B, T], seq_ids [B]) -> acc`` for the unmodified model.
 
   The core statistics (:func:`update_core`, ``design`` and ``x0_groups`` as
   there), the closedness check and the loss (:func:`_checks`, on the batches
   holding the first ``closedness_sequences`` sequences), the probes and the
-  user statistics.
+  user statistics; the attention runs ``query_block`` queries at a time
+  (:func:`fold_pass`).
   """
   _check_closedness_sequences(closedness_sequences)
   extra = tuple(sorted({p for stat in user.values() for p in stat.points}))
 
   def step(params, acc, tokens, seq_ids):
     model = nnx.merge(graphdef, params)
-    core, cap, zres, qstats = update_core(model, acc, tokens, seq_ids, design, x0_groups, extra)
+    core, cap, zres, qstats = update_core(model, acc, tokens, seq_ids, design, x0_groups, extra, query_block)
     out = {
         **core,
         "probe_resid": probes.update(acc["probe_resid"], probes.rms_normalize(cap["resid"]), seq_ids),
         "probe_attn": probes.update(acc["probe_attn"], jnp.swapaxes(zres, 2, 3), seq_ids),
         "probe_attn_raw": probes.update(acc["probe_attn_raw"], attention_features(qstats), seq_ids),
-        **_checks(model, acc, cap, tokens, seq_ids, closedness_sequences),
+        **_checks(model, acc, cap, tokens, seq_ids, closedness_sequences, query_block),
     }
     captures = {**{p: cap[p] for p in extra}, "tokens": tokens, "seq_ids": seq_ids}
     out["user"] = {name: stat.update(acc["user"][name], captures) for name, stat in user.items()}
@@ -304,27 +312,27 @@ def make_baseline_step(graphdef: nnx.GraphDef, design: FEDesign,
 
 
 def make_position0_step(graphdef: nnx.GraphDef, x0_groups: jax.Array | None = None,
-                        closedness_sequences: int = 4):
+                        closedness_sequences: int = 4, query_block: int | None = None):
   """``step(params, acc, tokens [B, T], seq_ids [B]) -> acc``: position 0, the closedness check and the loss.
 
   What the analysis reads from the BOS policy that is not the main one (its
   fingerprint of ``x_0``, its loss, its closedness): one plain forward per
   batch, no attention statistics (``acc`` from :func:`init_position0_pass`;
-  ``x0_groups`` as in :func:`update_core`).
+  ``x0_groups`` and ``query_block`` as in :func:`update_core`).
   """
   _check_closedness_sequences(closedness_sequences)
 
   def step(params, acc, tokens, seq_ids):
     model = nnx.merge(graphdef, params)
-    cap = forward(model, tokens)
+    cap = forward(model, tokens, query_block=query_block)
     groups = tokens if x0_groups is None else x0_groups[tokens[:, :1]]
     return {"position0": position0.update(acc["position0"], cap["resid"], groups),
-            **_checks(model, acc, cap, tokens, seq_ids, closedness_sequences)}
+            **_checks(model, acc, cap, tokens, seq_ids, closedness_sequences, query_block)}
 
   return step
 
 
-def make_intervention_step(graphdef: nnx.GraphDef, edits_fn):
+def make_intervention_step(graphdef: nnx.GraphDef, edits_fn, query_block: int | None = None):
   """``step(params, acc, tokens, seq_ids, source, design, operand) -> acc`` accumulating leakage and denominators.
 
   ``edits_fn(model, tokens, source, operand)`` builds the edits inside the
@@ -334,11 +342,13 @@ def make_intervention_step(graphdef: nnx.GraphDef, edits_fn):
   head for ``sink_ablate``, see ``edits.sink_cells``), the denominator
   statistics over its keys, from the same pass over the logits (for
   ``sink_ablate`` the keys each head's softmax sees, so ``excess`` counts
-  ``i`` keys in an ablated head).
+  ``i`` keys in an ablated head). ``query_block`` as in :func:`fold_pass`;
+  ``edits_fn`` gets it as a keyword for its own forwards.
   """
   def step(params, acc, tokens, seq_ids, source, design, operand):
     model = nnx.merge(graphdef, params)
-    return fold_pass(model, acc, tokens, seq_ids, design, edits=edits_fn(model, tokens, source, operand))[0]
+    edits = edits_fn(model, tokens, source, operand, query_block=query_block)
+    return fold_pass(model, acc, tokens, seq_ids, design, edits=edits, query_block=query_block)[0]
 
   return step
 

@@ -1,0 +1,112 @@
+"""Leakage against context length: one checkpoint analysed at several sequence lengths (``analyze.py --seq_lens``).
+
+:func:`length_record` condenses the analysis at one length (its
+``summary.json``) into the numbers that ``lengths.json`` tracks, with their
+intervals; :func:`write_lengths` writes ``lengths.json``, ``lengths.png`` (each
+component against the context length, with error bars) and ``report.md`` (the
+same numbers as a table) for every analysed length.
+"""
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+from abspos_jax import storage  # noqa: E402
+from abspos_jax.analysis.outputs import schema  # noqa: E402
+from abspos_jax.analysis.outputs.curves import EPS, summary_record  # noqa: E402
+from abspos_jax.analysis.outputs.figures import ci_errors  # noqa: E402
+from abspos_jax.analysis.outputs.report import with_interval  # noqa: E402
+
+SLOPE = (*schema.DENOMINATORS, "log_z_slope_layer")
+
+
+def length_record(seq_len: int, summary: dict) -> dict:
+  """``seq_len``, the numbers of ``curves.summary_record``, ``log_z_slope_layer`` (per layer, the mean over heads of
+  the slope of ``log Z_i`` on ``log|V(i)|``, with ``log_z_slope_layer_ci``), the main policy's ``loss`` and the
+  ``batch_size`` and ``query_block`` the analysis ran with."""
+  main = schema.get(summary, schema.MAIN_POLICY)
+  return {"seq_len": int(seq_len), **summary_record(summary),
+          "log_z_slope_layer": schema.get(summary, SLOPE), "log_z_slope_layer_ci": schema.interval(summary, SLOPE),
+          "loss": schema.get(summary, (*schema.LOSS, main)), "batch_size": summary.get("batch_size"),
+          "query_block": summary.get("memory", {}).get("query_block")}
+
+
+def _values(x: list) -> np.ndarray:
+  return np.array([np.nan if v is None else v for v in x], float)
+
+
+def _plot(ax, x, records: list[dict], key: str, fmt: str, **kw) -> None:
+  values = _values([r.get(key) for r in records])
+  ax.errorbar(x, values, yerr=ci_errors(values, [r.get(key + "_ci") for r in records]), fmt=fmt, ms=3, capsize=2,
+              **kw)
+
+
+def _figure(records: list[dict], path: str, source: str) -> None:
+  t = np.array([r["seq_len"] for r in records])
+  fig, axes = plt.subplots(1, 4, figsize=(17, 3.6))
+  for comp, color in (("causal_mask", "C0"), ("residual_stream", "C1")):
+    for suffix, ls in (("", "-"), ("_early", "--")):
+      label = comp.replace("_", " ") + (" (early queries)" if suffix else " (all queries)")
+      _plot(axes[0], t, records, f"{comp}_share{suffix}", "o" + ls, color=color, label=label)
+  axes[0].axhline(0.0, color="k", lw=0.6)
+  axes[0].set_title("share of query-position leakage of log a", fontsize=9)
+  _plot(axes[1], t, records, "leakage_share", "o-", label="Var(phi_loga) / Var(log a)")
+  _plot(axes[1], t, records, "leakage_log_weights", "o--", label="held-out R^2 gain")
+  axes[1].set_title("leakage of log a (pooled)", fontsize=9)
+  _plot(axes[2], t, records, "sink_score_max", "o-", label="largest sink score (held out)")
+  axes[2].plot(t, [np.nanmax(_values(r["sink_rate"])) for r in records], "o--", ms=3,
+               label="sink rate, max over layers")
+  axes[2].axhline(EPS, color="k", ls=":", lw=0.8)
+  axes[2].set_title(f"sinks (threshold {EPS} dotted)", fontsize=9)
+  layers = len(records[0]["log_z_slope_layer"])
+  cmap = plt.get_cmap("viridis")
+  for l in range(layers):
+    per = [{"v": r["log_z_slope_layer"][l], "v_ci": (r["log_z_slope_layer_ci"] or [None] * layers)[l]}
+           for r in records]
+    _plot(axes[3], t, per, "v", "o-", color=cmap(l / max(layers - 1, 1)), lw=0.8,
+          label=f"layer {l}" if l in (0, layers - 1) else None)
+  axes[3].axhline(1.0, color="k", ls=":", lw=0.8)
+  axes[3].set_title("slope of log Z on log|V(i)| per layer\n(1 dotted: flat attention)", fontsize=9)
+  for ax in axes:
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(t, [str(x) for x in t], fontsize=7)
+    ax.minorticks_off()
+    ax.set_xlabel("context length (tokens)")
+    ax.legend(fontsize=7)
+  fig.suptitle(f"Leakage against context length: {source} (error bars: 95% jackknife intervals)", fontsize=10)
+  fig.tight_layout()
+  storage.save_figure(fig, path, dpi=110)
+  plt.close(fig)
+
+
+def _report(records: list[dict], source: str) -> str:
+  ci = lambda r, k, d=3: with_interval(r.get(k), r.get(k + "_ci"), d)  # noqa: E731
+  lines = [f"# Leakage against context length: {source}", "",
+           "Each row is the full analysis at that length (`seq_len_<T>/report.md`); intervals are 95% "
+           "delete-one-block jackknife intervals. Shares are of the query-position leakage of log a (causal mask "
+           "+ residual stream = 1); early queries are 1 <= i < early_max.", "",
+           "![components against context length](lengths.png)", "",
+           "| tokens | causal-mask share | residual-stream share | early: causal mask | early: residual stream | "
+           "leakage share | largest sink score | sink rate (max layer) | slope of log Z (mean over layers; per "
+           "layer with intervals in the figure) | loss (main policy) |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
+  for r in records:
+    slope = _values(r["log_z_slope_layer"])
+    loss = "" if r["loss"] is None else f"{r['loss']:.3f}"
+    lines.append(f"| {r['seq_len']} | {ci(r, 'causal_mask_share')} | {ci(r, 'residual_stream_share')} | "
+                 f"{ci(r, 'causal_mask_share_early')} | {ci(r, 'residual_stream_share_early')} | "
+                 f"{ci(r, 'leakage_share')} | {ci(r, 'sink_score_max')} | "
+                 f"{np.nanmax(_values(r['sink_rate'])):.2f} | {np.nanmean(slope):.3f} | {loss} |")
+  return "\n".join(lines) + "\n"
+
+
+def write_lengths(out: str, records: list[dict], source: str) -> None:
+  """``lengths.json`` (``{"source", "lengths": [length_record, ...]}``, by length), ``lengths.png`` and
+  ``report.md`` into ``out``."""
+  records = sorted(records, key=lambda r: r["seq_len"])
+  storage.write_json(storage.join(out, "lengths.json"), {"source": source, "lengths": records}, indent=1,
+                     sort_keys=False)
+  _figure(records, storage.join(out, "lengths.png"), source)
+  storage.write_text(storage.join(out, "report.md"), _report(records, source))
