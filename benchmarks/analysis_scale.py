@@ -1,11 +1,13 @@
 """Analysis at research scale: tokens/s and peak memory of the analysis against a plain jitted forward.
 
-    python -m benchmarks.analysis_scale [--shape=12x768x12] [--seq_lens=256,1024,2048] [--num_sequences=2]
-                                        [--end_to_end]
+    python -m benchmarks.analysis_scale [--shape=12x768x12 | --hf=CHECKPOINT] [--seq_lens=256,1024,2048]
+                                        [--num_sequences=2] [--end_to_end]
 
 ``--shape`` is layers x d_model x heads, or ``tiny`` / ``medium``
-(``benchmarks.train_throughput.SIZES``). For each seq_len, fresh subprocesses
-on the same randomly initialised RoPE decoder: one times a plain jitted
+(``benchmarks.train_throughput.SIZES``); ``--hf`` a local checkpoint (a Hugging
+Face directory or a GGUF file) instead of the random model. For each seq_len,
+fresh subprocesses on the same decoder (the random RoPE one is seeded): one
+times a plain jitted
 forward (``model(tokens)``, the training path), one the analysis pass's
 baseline step (``steps.make_baseline_step``, what ``analyze`` runs per batch
 with interventions off) at the batch size and query block ``analyze``
@@ -50,17 +52,21 @@ from benchmarks.scaling import best_ms
 from benchmarks.train_throughput import SIZES, size_config
 
 
-def _model(shape: str, seq_len: int):
+def _model(shape: str, seq_len: int, hf: str = ""):
+  if hf:
+    from abspos_jax.interop.hf.files import Checkpoint
+    ckpt = Checkpoint(hf)
+    return ckpt.model(ckpt.config(seq_len))
   layers, d_model, heads = SIZES[shape][:3] if shape in SIZES else (int(x) for x in shape.split("x"))
   return model_lib.create(size_config(layers, d_model, heads, seq_len, 1), seed=0)
 
 
-def child(kind: str, shape: str, seq_len: int, num_sequences: int, repeats: int) -> dict:
+def child(kind: str, shape: str, seq_len: int, num_sequences: int, repeats: int, hf: str = "") -> dict:
   """One measurement in this process: ``kind`` is ``forward``, ``analysis`` or ``analyze``."""
-  m = _model(shape, seq_len)
+  m = _model(shape, seq_len, hf)
   tokens = jnp.asarray(np.random.default_rng(0).integers(0, 256, (num_sequences, seq_len)), jnp.int32)
   graphdef, params = nnx.split(m, nnx.Param)
-  out = {"kind": kind, "shape": shape, "seq_len": seq_len, "num_sequences": num_sequences}
+  out = {"kind": kind, "shape": hf or shape, "seq_len": seq_len, "num_sequences": num_sequences}
   if kind == "analyze":
     seqs = {"prepend": np.asarray(tokens), "none": np.roll(np.asarray(tokens), 1, axis=1)}
     t0 = time.perf_counter()
@@ -116,20 +122,21 @@ def main() -> None:
   p.add_argument("--seq_lens", default="256,1024,2048")
   p.add_argument("--num_sequences", type=int, default=2)
   p.add_argument("--repeats", type=int, default=1)
+  p.add_argument("--hf", default="", help="a local checkpoint (HF directory or GGUF file) instead of --shape")
   p.add_argument("--end_to_end", action="store_true", help="also time analyze() end to end")
   p.add_argument("--json", default="")
   p.add_argument("--child", default="", help=argparse.SUPPRESS)
   a = p.parse_args()
   if a.child:
     kind, seq_len = a.child.split(":")
-    print(json.dumps(child(kind, a.shape, int(seq_len), a.num_sequences, a.repeats)))
+    print(json.dumps(child(kind, a.shape, int(seq_len), a.num_sequences, a.repeats, a.hf)))
     return
   record = {"machine": common.machine(), "rows": []}
   rows = []
   for seq_len in (int(x) for x in a.seq_lens.split(",")):
     got = {}
     for kind in ("forward", "analysis") + (("analyze",) if a.end_to_end else ()):
-      r = subprocess.run([sys.executable, "-m", "benchmarks.analysis_scale", f"--shape={a.shape}",
+      r = subprocess.run([sys.executable, "-m", "benchmarks.analysis_scale", f"--shape={a.shape}", f"--hf={a.hf}",
                           f"--num_sequences={a.num_sequences}", f"--repeats={a.repeats}",
                           f"--child={kind}:{seq_len}"], capture_output=True, text=True)
       if r.returncode:

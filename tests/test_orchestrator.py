@@ -103,26 +103,19 @@ def test_closedness_catches_a_broken_mask(monkeypatch, batch_size):
   assert min(per_layer[1:]) > 1e-3, per_layer
 
 
-def test_batches_accumulate_like_one_batch():
-  m, seqs = model_lib.create(small_config()), sequences()
-  small = analyze(m, seqs, options=AnalysisOptions(batch_size=4, interventions=False, progress=False))
-  whole = analyze(m, seqs, options=AnalysisOptions(batch_size=12, interventions=False, progress=False))
-  for name in ("log_z", "log_z_std", "sink_mass", "phi_s", "phi_zres", "share_res", "share_res_lo", "pos0_norm",
-               "probe_resid_r2", "probe_attn_r2"):
-    np.testing.assert_allclose(small.stats[name], whole.stats[name], rtol=1e-4, atol=1e-5, err_msg=name)
-
-
-def test_attention_in_query_blocks_gives_the_same_analysis():
-  """``query_block=4``: every layer's attention 4 queries at a time, the statistics folded block by block. Every
-  summary number and stats array equals the analysis with all 16 queries at once, to float32 rounding, the
-  interventions included (``sink_ablate`` edits each block's rows and is measured on per-head cells)."""
+def test_batches_and_query_blocks_accumulate_like_one_batch():
+  """4 sequences per batch with every layer's attention 4 queries at a time (``query_block``, the statistics folded
+  block by block) against one batch of 12 with all 16 queries at once: every summary number and stats array equal
+  to float32 rounding. (``sink_ablate``'s edit on blocks of queries: tests/test_steps.py.)"""
   m, seqs = model_lib.create(small_config("swa", **{"model.layer_pattern": "LG"})), sequences()
-  whole, blocked = (analyze(m, seqs, options=AnalysisOptions(batch_size=6, progress=False, query_block=block))
-                    for block in (None, 4))
-  assert (whole.summary["memory"]["query_block"], blocked.summary["memory"]["query_block"]) == (16, 4)
-  np.testing.assert_allclose(summary_numbers(blocked.summary), summary_numbers(whole.summary), rtol=1e-4, atol=1e-5)
+  small = analyze(m, seqs, options=AnalysisOptions(batch_size=4, query_block=4, interventions=False, progress=False))
+  whole = analyze(m, seqs, options=AnalysisOptions(batch_size=12, interventions=False, progress=False))
+  assert (small.summary["memory"]["query_block"], whole.summary["memory"]["query_block"]) == (4, 16)
+  assert (small.summary["batch_size"], whole.summary["batch_size"]) == (4, 12)
+  numbers = lambda r: summary_numbers({**r.summary, "batch_size": None})  # noqa: E731
+  np.testing.assert_allclose(numbers(small), numbers(whole), rtol=1e-4, atol=1e-5)
   for name in whole.stats:
-    np.testing.assert_allclose(blocked.stats[name], whole.stats[name], rtol=1e-4, atol=1e-5, err_msg=name)
+    np.testing.assert_allclose(small.stats[name], whole.stats[name], rtol=1e-4, atol=1e-5, err_msg=name)
 
 
 def test_user_statistic_at_a_hook_point():

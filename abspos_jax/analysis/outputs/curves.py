@@ -169,11 +169,32 @@ def summary_record(summary: dict) -> dict:
   return rec
 
 
-def _plot_ci(ax, x, records: list[dict], key: str, fmt: str, **kw) -> None:
+def plot_ci(ax, x, records: list[dict], key: str, fmt: str, **kw) -> None:
   """``records[i][key]`` against ``x`` with error bars from ``records[i][key + "_ci"]`` where there is one."""
   values = _values([r.get(key) for r in records])
   ax.errorbar(x, values, yerr=ci_errors(values, [r.get(key + "_ci") for r in records]), fmt=fmt, ms=3, capsize=2,
               **kw)
+
+
+def plot_record_panels(axes, x, records: list[dict]) -> None:
+  """Three panels of :func:`summary_record` s against ``x``: the pooled and early causal-mask / residual-stream
+  shares, the leakage of log a, and the sinks (largest sink score, largest sink rate), with their intervals."""
+  for comp, color in (("causal_mask", "C0"), ("residual_stream", "C1")):
+    for suffix, ls in (("", "-"), ("_early", "--")):
+      label = comp.replace("_", " ") + (" (early queries)" if suffix else " (all queries)")
+      plot_ci(axes[0], x, records, f"{comp}_share{suffix}", "o" + ls, color=color, label=label)
+  axes[0].axhline(0.0, color="k", lw=0.6)
+  axes[0].set_title("share of query-position leakage of log a", fontsize=9)
+  plot_ci(axes[1], x, records, "leakage_log_weights", "o-", label="held-out R^2 gain")
+  plot_ci(axes[1], x, records, "leakage_share", "o--", label="Var(phi_loga) / Var(log a)")
+  axes[1].set_title("leakage of log a (pooled)", fontsize=9)
+  plot_ci(axes[2], x, records, "sink_score_max", "o-", label="largest sink score (held out)")
+  axes[2].plot(x, [np.nanmax(_values(r["sink_rate"])) for r in records], "o--", ms=3,
+               label="sink rate, max over layers")
+  axes[2].axhline(EPS, color="k", ls=":", lw=0.8)
+  axes[2].set_title(f"sinks (threshold {EPS} dotted)", fontsize=9)
+  for ax in axes:
+    ax.legend(fontsize=7)
 
 
 def write_steps(out: str, records: list[dict], workdir: str) -> None:
@@ -187,27 +208,11 @@ def write_steps(out: str, records: list[dict], workdir: str) -> None:
   step = np.array([r["step"] for r in records])
   has_iv = all("bos_replace" in r and "mean" in r["bos_replace"] for r in records)
   fig, axes = plt.subplots(1, 4 if has_iv else 3, figsize=(17 if has_iv else 13, 3.4))
-  for comp, color in (("causal_mask", "C0"), ("residual_stream", "C1")):
-    for suffix, ls in (("", "-"), ("_early", "--")):
-      label = comp.replace("_", " ") + (" (early queries)" if suffix else " (all queries)")
-      _plot_ci(axes[0], step, records, f"{comp}_share{suffix}", "o" + ls, color=color, label=label)
-  axes[0].axhline(0.0, color="k", lw=0.6)
-  axes[0].set_title("share of query-position leakage of log a", fontsize=9)
-  axes[0].legend(fontsize=7)
-  _plot_ci(axes[1], step, records, "leakage_log_weights", "o-", label="held-out R^2 gain")
-  _plot_ci(axes[1], step, records, "leakage_share", "o--", label="Var(phi_loga) / Var(log a)")
-  axes[1].set_title("leakage of log a (pooled)", fontsize=9)
-  axes[1].legend(fontsize=7)
-  _plot_ci(axes[2], step, records, "sink_score_max", "o-", label="largest sink score (held out)")
-  axes[2].plot(step, [np.nanmax(_values(r["sink_rate"])) for r in records], "o--", ms=3,
-               label="sink rate, max over layers")
-  axes[2].axhline(EPS, color="k", ls=":", lw=0.8)
-  axes[2].set_title(f"sinks (threshold {EPS} dotted)", fontsize=9)
-  axes[2].legend(fontsize=7)
+  plot_record_panels(axes[:3], step, records)
   if has_iv:
     mean = [r["bos_replace"]["mean"] for r in records]
     for suffix, ls in (("", "-"), ("_early", "--")):
-      _plot_ci(axes[3], step, mean, f"residual_stream_change{suffix}", "o" + ls, color="C1",
+      plot_ci(axes[3], step, mean, f"residual_stream_change{suffix}", "o" + ls, color="C1",
                label="all queries" if not suffix else "early queries")
     axes[3].axhline(0.0, color="k", lw=0.6)
     axes[3].set_title("BOS-replace[mean]: change of the residual-stream\ncomponent (after - before, nats^2)",

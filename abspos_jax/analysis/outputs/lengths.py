@@ -15,8 +15,7 @@ import numpy as np  # noqa: E402
 
 from abspos_jax import storage  # noqa: E402
 from abspos_jax.analysis.outputs import schema  # noqa: E402
-from abspos_jax.analysis.outputs.curves import EPS, summary_record  # noqa: E402
-from abspos_jax.analysis.outputs.figures import ci_errors  # noqa: E402
+from abspos_jax.analysis.outputs.curves import plot_ci, plot_record_panels, summary_record  # noqa: E402
 from abspos_jax.analysis.outputs.report import with_interval  # noqa: E402
 
 SLOPE = (*schema.DENOMINATORS, "log_z_slope_layer")
@@ -37,44 +36,29 @@ def _values(x: list) -> np.ndarray:
   return np.array([np.nan if v is None else v for v in x], float)
 
 
-def _plot(ax, x, records: list[dict], key: str, fmt: str, **kw) -> None:
-  values = _values([r.get(key) for r in records])
-  ax.errorbar(x, values, yerr=ci_errors(values, [r.get(key + "_ci") for r in records]), fmt=fmt, ms=3, capsize=2,
-              **kw)
-
-
 def _figure(records: list[dict], path: str, source: str) -> None:
   t = np.array([r["seq_len"] for r in records])
   fig, axes = plt.subplots(1, 4, figsize=(17, 3.6))
-  for comp, color in (("causal_mask", "C0"), ("residual_stream", "C1")):
-    for suffix, ls in (("", "-"), ("_early", "--")):
-      label = comp.replace("_", " ") + (" (early queries)" if suffix else " (all queries)")
-      _plot(axes[0], t, records, f"{comp}_share{suffix}", "o" + ls, color=color, label=label)
-  axes[0].axhline(0.0, color="k", lw=0.6)
-  axes[0].set_title("share of query-position leakage of log a", fontsize=9)
-  _plot(axes[1], t, records, "leakage_share", "o-", label="Var(phi_loga) / Var(log a)")
-  _plot(axes[1], t, records, "leakage_log_weights", "o--", label="held-out R^2 gain")
-  axes[1].set_title("leakage of log a (pooled)", fontsize=9)
-  _plot(axes[2], t, records, "sink_score_max", "o-", label="largest sink score (held out)")
-  axes[2].plot(t, [np.nanmax(_values(r["sink_rate"])) for r in records], "o--", ms=3,
-               label="sink rate, max over layers")
-  axes[2].axhline(EPS, color="k", ls=":", lw=0.8)
-  axes[2].set_title(f"sinks (threshold {EPS} dotted)", fontsize=9)
+  plot_record_panels(axes[:3], t, records)
   layers = len(records[0]["log_z_slope_layer"])
   cmap = plt.get_cmap("viridis")
   for l in range(layers):
     per = [{"v": r["log_z_slope_layer"][l], "v_ci": (r["log_z_slope_layer_ci"] or [None] * layers)[l]}
            for r in records]
-    _plot(axes[3], t, per, "v", "o-", color=cmap(l / max(layers - 1, 1)), lw=0.8,
+    plot_ci(axes[3], t, per, "v", "o-", color=cmap(l / max(layers - 1, 1)), lw=0.8,
           label=f"layer {l}" if l in (0, layers - 1) else None)
   axes[3].axhline(1.0, color="k", ls=":", lw=0.8)
   axes[3].set_title("slope of log Z on log|V(i)| per layer\n(1 dotted: flat attention)", fontsize=9)
+  axes[3].legend(fontsize=7)
+  if layers > 2:  # the colour of every other layer
+    bar = fig.colorbar(plt.cm.ScalarMappable(cmap=cmap, norm=plt.Normalize(0, layers - 1)), ax=axes[3], pad=0.02)
+    bar.set_label("layer", fontsize=7)
+    bar.ax.tick_params(labelsize=7)
   for ax in axes:
     ax.set_xscale("log", base=2)
     ax.set_xticks(t, [str(x) for x in t], fontsize=7)
     ax.minorticks_off()
     ax.set_xlabel("context length (tokens)")
-    ax.legend(fontsize=7)
   fig.suptitle(f"Leakage against context length: {source} (error bars: 95% jackknife intervals)", fontsize=10)
   fig.tight_layout()
   storage.save_figure(fig, path, dpi=110)
@@ -106,6 +90,7 @@ def write_lengths(out: str, records: list[dict], source: str) -> None:
   """``lengths.json`` (``{"source", "lengths": [length_record, ...]}``, by length), ``lengths.png`` and
   ``report.md`` into ``out``."""
   records = sorted(records, key=lambda r: r["seq_len"])
+  storage.makedirs(out)
   storage.write_json(storage.join(out, "lengths.json"), {"source": source, "lengths": records}, indent=1,
                      sort_keys=False)
   _figure(records, storage.join(out, "lengths.png"), source)
