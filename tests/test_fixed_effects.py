@@ -90,7 +90,9 @@ def test_make_design_rejects_bad_masks():
   # References of the mask-only normaliser: n keys none of which is key 0; p = T-1 for n = T.
   d = fe.make_design(mask(5))
   np.testing.assert_array_equal(d.ref_count, [4, 3, 2, 1, 1])
-  assert bool(d.ref_valid[4, 4]) and not bool(d.ref_valid[3, 3])
+  refs = np.asarray(fe.row_masks(d, 0, 5)[2])
+  assert bool(refs[4, 4]) and not bool(refs[3, 3])
+  np.testing.assert_array_equal(refs[1:3], np.asarray(fe.row_masks(d, 1, 2)[2]))  # any block of rows
   np.testing.assert_array_equal(fe.make_design(mask(6, 3)).ref_count, [5, 4, 3, 0, 0, 0])
 
 

@@ -59,31 +59,26 @@ HIGHEST = jax.lax.Precision.HIGHEST
 class FEDesign(NamedTuple):
   """Precomputed design of one cell mask or a stack of them (leading axes ``...``).
 
-  Fields (``...`` is empty for one mask, ``[L]`` per layer, ``[L, H]`` per head):
-    visible: bool ``[..., T, T]``, the cells ``(i, j)``.
-    skew_valid: bool ``[..., T, T]``, ``(i, d)`` is a cell.
-    key_valid: bool ``[..., T, T]``, ``(i, d)`` is a key the softmax of query
-      ``i`` normalises over (the cells unless ``make_design`` got ``keys``).
-    key_count: float32 ``[..., T]``, ``n(i)``: the keys query ``i`` normalises over.
-    ref_valid: bool ``[..., T, T]``, ``(p, d)`` is a reference of the mask-only
-      normaliser for ``n = d + 1`` keys: query ``p`` normalises over its nearest
-      ``n`` offsets at least, none of them key 0 (``p - d >= 1``); where no ``p``
-      qualifies (``n = T`` under a causal mask) the last query ``p = T - 1`` is used.
-    ref_count: float32 ``[..., T]``, references per ``n = d + 1``.
-    query_count: float32 ``[..., T]``, ``|C(i)|``, the keys of query ``i``.
+  Fields (``...`` is empty for one mask, ``[L]`` per layer, ``[L, H]`` per head),
+  all ``O(T)`` per mask: the ``[T, T]`` masks they stand for are rebuilt a
+  block of queries at a time by :func:`row_masks`.
+
+    key_count: float32 ``[..., T]``, ``n(i)``: the keys query ``i`` normalises over
+      (its nearest ``n(i)`` offsets; the cells unless ``make_design`` got ``keys``).
+    ref_count: float32 ``[..., T]``, references per ``n = d + 1``: the queries ``p``
+      that normalise over their nearest ``n`` offsets at least, none of them key 0
+      (``p - d >= 1``); where no ``p`` qualifies (``n = T`` under a causal mask)
+      the last query ``p = T - 1`` is used (``ref_valid`` of :func:`row_masks`).
+    query_count: float32 ``[..., T]``, ``|C(i)|``: query ``i``'s cells are its nearest
+      ``|C(i)|`` offsets.
     offset_count: float32 ``[..., T]``, cells with offset ``d``.
     n_cells: float32 ``[...]``.
     first_query: int32 ``[..., T]``, the first query with a cell at offset ``d``
       (``#{i : n_i <= d}``; ``T`` where none): ``S^T`` reads suffix sums there.
-    ref_last: bool ``[..., T]``, ``ref_valid``'s last row (query ``T - 1``): with
-      ``key_count`` it gives any block of ``ref_valid``'s rows (:func:`row_masks`).
+    ref_last: bool ``[..., T]``, ``ref_valid``'s last row (query ``T - 1``).
   """
 
-  visible: jax.Array
-  skew_valid: jax.Array
-  key_valid: jax.Array
   key_count: jax.Array
-  ref_valid: jax.Array
   ref_count: jax.Array
   query_count: jax.Array
   offset_count: jax.Array
@@ -132,9 +127,9 @@ def _design_arrays(visible: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, .
     raise ValueError("the cells of every query must be its nearest offsets, as many for a later query as for an "
                      "earlier one (causal or sliding-window masks, optionally without key 0)")
   first_query = np.searchsorted(query_count, np.arange(t), side="right")
-  return (visible, skew_valid, key_valid, key_count.astype(np.float32), ref_valid, ref_count.astype(np.float32),
-          query_count.astype(np.float32), offset_count.astype(np.float32), np.float32(visible.sum()),
-          first_query.astype(np.int32), ref_valid[t - 1].copy())
+  return (key_count.astype(np.float32), ref_count.astype(np.float32), query_count.astype(np.float32),
+          offset_count.astype(np.float32), np.float32(visible.sum()), first_query.astype(np.int32),
+          ref_valid[t - 1].copy())
 
 
 def make_design(visible: np.ndarray | jax.Array, keys: np.ndarray | jax.Array | None = None) -> FEDesign:
@@ -144,7 +139,7 @@ def make_design(visible: np.ndarray | jax.Array, keys: np.ndarray | jax.Array | 
   normalises over, when the cells are fewer (``sink_ablate``'s reference pass
   measures the cells without key 0 while the model still normalises over it);
   default the cells. Runs on the host, ``O(T^2)`` per distinct mask for its
-  checks; the design itself is ``O(T)`` arrays beside the masks.
+  checks; the design itself is ``O(T)`` arrays per mask.
   """
   vis = np.asarray(visible, dtype=bool)
   if vis.ndim not in (2, 3, 4):
@@ -225,12 +220,12 @@ def _suffix_at(x: jax.Array, index: jax.Array) -> jax.Array:
   return _take(jnp.concatenate([jnp.cumsum(x[..., ::-1], -1)[..., ::-1], jnp.zeros_like(x[..., :1])], -1), index)
 
 
-def _s(design: FEDesign, alpha: jax.Array) -> jax.Array:
+def query_sums(design: FEDesign, alpha: jax.Array) -> jax.Array:
   """``S alpha``: per query, the sum over its offsets ``d < n_i``; ``[..., T]``."""
   return _prefix_at(alpha, design.query_count.astype(jnp.int32))
 
 
-def _s_transpose(design: FEDesign, beta: jax.Array) -> jax.Array:
+def offset_sums(design: FEDesign, beta: jax.Array) -> jax.Array:
   """``S^T beta``: per offset, the sum over the queries that have it; ``[..., T]``."""
   return _suffix_at(beta, design.first_query)
 
@@ -239,8 +234,8 @@ def gram_times(design: FEDesign, coef: jax.Array) -> jax.Array:
   """``G coef``: ``[..., 2T] -> [..., 2T]`` in ``O(T)``."""
   t = coef.shape[-1] // 2
   alpha, beta = coef[..., :t], coef[..., t:]
-  return jnp.concatenate([design.offset_count * alpha + _s_transpose(design, beta),
-                          _s(design, alpha) + design.query_count * beta], -1)
+  return jnp.concatenate([design.offset_count * alpha + offset_sums(design, beta),
+                          query_sums(design, alpha) + design.query_count * beta], -1)
 
 
 TOLERANCE = 1e-6  # relative residual of the fixed-effects solve

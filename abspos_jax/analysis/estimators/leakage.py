@@ -15,7 +15,7 @@ overall as the mean over heads.
 
 **Mask-only normaliser.** ``log Z^mask(n) = mean_{p in R(n)} [logsumexp_{d<n}
 s_{p,p-d} - s_{p,p}]`` over the reference queries ``R(n)`` whose nearest ``n``
-offsets are keys and exclude key 0 (``fixed_effects.FEDesign.ref_valid``;
+offsets are keys and exclude key 0 (``fixed_effects.FEDesign.ref_count``;
 ``p = T - 1`` where none qualifies). With ``n(i)`` the keys query ``i``
 normalises over (``FEDesign.key_count``, the cells but in ``sink_ablate``'s
 reference pass) split
@@ -323,8 +323,7 @@ def _half_weights(keep: jax.Array) -> jax.Array:
 
 def _sum_x(design: fe.FEDesign, sums: dict, ref: jax.Array, n: jax.Array, queries: jax.Array):
   """``(count, sum x, sum x^2)`` over the observations of ``queries [T]`` (one head) from ref-centred sums."""
-  sv = design.skew_valid.astype(jnp.float32)
-  r1, r2 = sv @ ref, sv @ (ref * ref)  # per query: sum of ref and ref^2 over its cells
+  r1, r2 = fe.query_sums(design, ref), fe.query_sums(design, ref * ref)  # per query: over its cells
   q = queries.astype(jnp.float32)
   count = n * (design.query_count * q).sum()
   total = (q * (sums["qs"] + n * r1)).sum()
@@ -393,7 +392,7 @@ def _head(acc: dict, design: fe.FEDesign, keep: jax.Array, early_max: int) -> di
 
 def design_axes(design: fe.FEDesign) -> tuple[fe.FEDesign, fe.FEDesign]:
   """``vmap`` in_axes of a design over layers and over heads (``0`` where it has that axis, else None)."""
-  lead = design.skew_valid.ndim - 2
+  lead = design.query_count.ndim - 1
   per = lambda has: fe.FEDesign(*[0 if has else None for _ in fe.FEDesign._fields])  # noqa: E731
   return per(lead >= 1), per(lead >= 2)
 

@@ -44,7 +44,7 @@ def write(acc: Any, layer: int, part: Any) -> Any:
 
 def design(d: FEDesign, layer: int) -> FEDesign:
   """The design of one layer: ``d`` itself for a mask shared by all layers, else its ``[layer:layer+1]``."""
-  if d.visible.ndim == 2:
+  if d.query_count.ndim == 1:
     return d
   return FEDesign(*(x[layer:layer + 1] for x in d))
 
