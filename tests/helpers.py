@@ -1,6 +1,7 @@
 """Helpers several test modules share (test modules never import one another)."""
 
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -16,7 +17,7 @@ from abspos_jax.analysis import AnalysisOptions
 from abspos_jax.data import BOS_ID, builders
 from abspos_jax.metrics import read_metrics
 from abspos_jax.train_loop import train
-from conftest import SMALL, small_config, small_flags, xla_flags
+from conftest import SESSION_CACHE, SMALL, small_config, small_flags, xla_flags
 
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -121,6 +122,12 @@ def shared_run(name: str, build) -> str:
       build(d)
       open(os.path.join(d, ".complete"), "w").close()
   return d
+
+
+def seed_compile_cache(dest) -> None:
+  """Hard links in ``dest`` to every program the test run has compiled so far: a sweep's own compilation cache
+  starts as warm as a user's does after their first run, instead of compiling everything again."""
+  shutil.copytree(SESSION_CACHE, dest, copy_function=os.link, dirs_exist_ok=True)
 
 
 # --- runs several test modules read

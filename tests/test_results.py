@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from abspos_jax.metrics import read_metrics
+from conftest import default_level_env
 from helpers import ROOT
 
 DRIFT_TOL = 0.01  # nats; results.md rounds to 1e-4; other CPU kinds move a 100-step bf16 loss by ~1e-3
@@ -27,7 +28,7 @@ def test_a_sinks_study_row_comes_back_in_shortened_form(tmp_path):
   assert command and losses, "results.md's 'Rerunning a row' lost its command or its numbers"
   argv = [sys.executable if a == "python" else a.replace("WORKDIR", str(tmp_path / "row"))
           for a in shlex.split(command.group(1))] + ["--config.train.emergence=False"]
-  r = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=900)
+  r = subprocess.run(argv, cwd=ROOT, env=default_level_env(), capture_output=True, text=True, timeout=900)
   assert r.returncode == 0, r.stderr[-3000:]
   step = int(command.group(2))
   record = {m["step"]: m for m in read_metrics(tmp_path / "row")}[step]

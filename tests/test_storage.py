@@ -17,7 +17,7 @@ from abspos_jax.metrics import read_metrics
 from conftest import SMALL
 from gcs_emulator import Emulator
 from helpers import (ROOT, MESH_RUN as MESH, assert_same, command, losses, multihost_reference, one_process, records,
-                     summary_numbers, sweep_cfg, two_processes, two_seed_sweep, wait_for)
+                     seed_compile_cache, summary_numbers, sweep_cfg, two_processes, two_seed_sweep, wait_for)
 
 
 @pytest.fixture(scope="module")
@@ -28,9 +28,10 @@ def bucket(tmp_path_factory):
 
 @pytest.fixture
 def staging(tmp_path, monkeypatch):
-  """The sweep's local staging directory (logs, Slurm files, compile cache) under tmp_path, not the repository."""
+  """The sweep's local staging directory (logs, Slurm files, compile cache) under tmp_path, not the repository;
+  the compile cache is the sweep's own default."""
   monkeypatch.setenv("ABSPOS_STAGING_DIR", str(tmp_path / "staging"))
-  monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", str(tmp_path / "jax_cache"))
+  monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR")
   return tmp_path / "staging"
 
 
@@ -108,6 +109,7 @@ def test_print_and_slurm_launches_write_the_bucket_and_a_local_staging_dir(bucke
   assert (local / "commands.sh").read_text().splitlines() == lines
   assert [f"--workdir={root}/s{k}" in line for k, line in enumerate(lines)] == [True, True]
   assert [r["workdir"] for r in storage.read_json(f"{root}/sweep.json")["runs"]] == [f"{root}/s0", f"{root}/s1"]
+  assert sweep_lib.local_env(root)["JAX_COMPILATION_CACHE_DIR"] == str(local / "jax_cache")  # the compile cache stays local
   script = (local / "sweep.sbatch").read_text()
   assert f"{local}/commands.sh" in script and f"--output={local}/logs/" in script
 
@@ -187,6 +189,8 @@ def test_analyse_all_steps_compare_and_export_from_a_bucket(bucket, trained, tmp
 def test_a_sweep_into_a_bucket_skips_and_resumes_from_bucket_state(bucket, staging, tmp_path):
   sweep_file = two_seed_sweep(tmp_path / "two.py", emergence=False)
   root = f"{bucket}/sweep"
+  cache = staging / "gs" / "abspos-test" / "sweep" / "jax_cache"
+  seed_compile_cache(cache)
   cmd = [sys.executable, "-m", "abspos_jax.sweep", f"--sweep={sweep_file}", f"--root={root}", "--launch=local"]
   run(cmd + ["--only=s0"])
   assert sweep_lib.latest_checkpoint_step(f"{root}/s0") == 4 and sweep_lib.analysed_step(f"{root}/s0") == 4
@@ -201,7 +205,7 @@ def test_a_sweep_into_a_bucket_skips_and_resumes_from_bucket_state(bucket, stagi
   assert sweep_lib.analysed_step(f"{root}/s1") == 4
   [row] = storage.read_json(f"{root}/comparison/comparison.json").values()
   assert row["seeds"] == [0, 1], r.stdout
-  assert os.listdir(tmp_path / "jax_cache")  # the compile cache stayed on the local disk
+  assert not storage.path(f"{root}/jax_cache").exists()
 
 
 @pytest.mark.slow

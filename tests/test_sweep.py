@@ -16,6 +16,7 @@ from abspos_jax import config as config_lib
 from abspos_jax import sweep as sweep_lib
 from abspos_jax.sweep import Decision, RunState, SweepError
 from conftest import SMALL
+from conftest import SESSION_CACHE
 from helpers import sweep_cfg, two_seed_sweep
 
 
@@ -449,7 +450,9 @@ def test_seeds_together_local_reruns_a_group_until_every_seed_is_done(tmp_path):
 
 
 @pytest.mark.slow
-def test_local_sweep_trains_analyses_compares_then_skips(tmp_path):
+def test_local_sweep_trains_analyses_compares_then_skips(tmp_path, monkeypatch):
+  # the test run's compilation cache, which local_env keeps (test_decide's FakeRunner checks the sweep's default)
+  monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", SESSION_CACHE)
   sweep_file = two_seed_sweep(tmp_path / "two.py")
   root = tmp_path / "root"
   cmd = [sys.executable, "-m", "abspos_jax.sweep", f"--sweep={sweep_file}", f"--root={root}", "--launch=local"]
@@ -461,7 +464,6 @@ def test_local_sweep_trains_analyses_compares_then_skips(tmp_path):
     assert sweep_lib.latest_checkpoint_step(str(root / f"s{k}")) == 4
     assert sweep_lib.analysed_step(str(root / f"s{k}")) == 4
     assert "loss" in (root / f"s{k}" / "metrics.jsonl").read_text()
-  assert os.listdir(root / "jax_cache")  # the second seed loaded the first one's programs
   [row] = json.loads((root / "comparison" / "comparison.json").read_text()).values()
   assert row["seeds"] == [0, 1] and row["loss"]["std"] is not None  # one group, spread over the two seeds
   r = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)

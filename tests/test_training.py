@@ -12,7 +12,7 @@ import pytest
 from abspos_jax.config import ConfigError
 from abspos_jax.metrics import read_metrics
 from abspos_jax.train_loop import train
-from conftest import small_config
+from conftest import default_level_env, small_config
 
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -85,7 +85,8 @@ def test_demo_numbers_in_readme_still_come_back(tmp_path):
   val_100 = float(re.search(r"validation loss\s+([\d.]+) ->", readme).group(1))
   r = subprocess.run([sys.executable, "train.py", "--config=configs/tiny.py", f"--workdir={tmp_path}",
                       "--config.train.stop_at_step=100", "--config.train.progress=False",
-                      "--config.train.emergence=False"], cwd=ROOT, capture_output=True, text=True, timeout=900)
+                      "--config.train.emergence=False"], cwd=ROOT, env=default_level_env(), capture_output=True,
+                     text=True, timeout=900)
   assert r.returncode == 0, r.stderr[-3000:]
   records = {m["step"]: m for m in read_metrics(tmp_path)}
   assert abs(records[20]["loss"] - train_20) <= DRIFT_TOL, (records[20]["loss"], train_20)
