@@ -2,6 +2,7 @@
 Cloud Storage emulator on loopback (``tests/gcs_emulator.py``)."""
 
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -192,8 +193,10 @@ def test_a_sweep_into_a_bucket_skips_and_resumes_from_bucket_state(bucket, stagi
   cache = staging / "gs" / "abspos-test" / "sweep" / "jax_cache"
   seed_compile_cache(cache)
   cmd = [sys.executable, "-m", "abspos_jax.sweep", f"--sweep={sweep_file}", f"--root={root}", "--launch=local"]
-  run(cmd + ["--only=s0"])
+  first = run(cmd + ["--only=s0"]).stdout.splitlines()
+  assert re.fullmatch(r"\[1/\d\] s0: trained \(\d+ s\), analysed \(\d+ s\)", first[1]), first
   assert sweep_lib.latest_checkpoint_step(f"{root}/s0") == 4 and sweep_lib.analysed_step(f"{root}/s0") == 4
+  assert "loss" in storage.read_text(f"{root}/s0/metrics.jsonl")
   assert "$ " in storage.read_text(f"{root}/s0/train.log")  # the local log, appended to the bucket's copy
   printed = run([*cmd[:-1], "--launch=print", "--only=s1", "--dry_run"]).stdout.splitlines()[0]
   s1_train = printed.split(" && ")[0]  # seed 1's training command, as the sweep runs it
@@ -204,7 +207,7 @@ def test_a_sweep_into_a_bucket_skips_and_resumes_from_bucket_state(bucket, stagi
   assert lines[2].startswith("[2/2] s1: resumed from step 2, trained") and "analysed" in lines[2], r.stdout
   assert sweep_lib.analysed_step(f"{root}/s1") == 4
   [row] = storage.read_json(f"{root}/comparison/comparison.json").values()
-  assert row["seeds"] == [0, 1], r.stdout
+  assert row["seeds"] == [0, 1] and row["loss"]["std"] is not None, r.stdout  # one group, spread over the seeds
   assert not storage.path(f"{root}/jax_cache").exists()
 
 
@@ -228,24 +231,26 @@ def test_seeds_trained_together_into_a_bucket_match_a_local_disk(bucket, tmp_pat
 
 
 @pytest.mark.slow
-def test_two_processes_write_one_run_to_a_bucket(bucket, tmp_path):
-  """2 JAX processes x 4 devices train into the bucket; 1 process resumes their checkpoint and matches the
-  1-process reference at every step; 2 processes analyse it, only process 0 writing, with the numbers of an
-  analysis in this one process."""
+def test_one_and_two_processes_take_turns_on_a_run_in_a_bucket(bucket, tmp_path):
+  """A run in the bucket crosses between 1 and 2 JAX processes (8 devices either way): 1 process trains steps
+  1-2, 2 processes resume for step 3, 1 process resumes for step 4 (the evaluations at 2 and 4 with the emergence
+  hook), and every record matches the uninterrupted 1-process reference. Then 2 processes analyse it, only
+  process 0 writing, with the numbers of an analysis in this one process."""
   reference = multihost_reference()
   work = f"{bucket}/multi/run"
-  two_processes("train.py", f"--workdir={work}", *MESH, "--config.train.stop_at_step=2")
-  assert checkpoint.saved_steps(work) == [2] and not partial_save(work)
-  assert [m["step"] for m in read_metrics(work)] == [1, 2]  # one record per step: process 0's
+  one_process("train.py", f"--workdir={work}", *MESH, "--config.train.stop_at_step=2")
+  r = two_processes("train.py", f"--workdir={work}", *MESH, "--config.train.stop_at_step=3")
+  assert "[p0] resumed from step 2" in r.stdout and "[p1] resumed from step 2" in r.stdout, r.stdout[-2000:]
+  assert checkpoint.saved_steps(work)[-1] == 3 and not partial_save(work)
+  assert [m["step"] for m in read_metrics(work)] == [1, 2, 3]  # one record per step: process 0's
   r = one_process("train.py", f"--workdir={work}", *MESH)
-  assert "resumed from step 2" in r.stderr, r.stderr[-2000:]
+  assert "resumed from step 3" in r.stderr, r.stderr[-2000:]
   assert_same(records(work), records(reference))
-  assert checkpoint.saved_steps(work) == [2, 4]
   r = two_processes("analyze.py", f"--workdir={work}", "--num_sequences=8", "--batch_size=4", "--skip_interventions")
   assert "[p0] wrote" in r.stdout and "[p1] wrote" not in r.stdout, r.stdout[-2000:]
   two = storage.read_json(f"{work}/analysis/summary.json")
   assert two["meta"]["step"] == 4 and two["meta"]["provenance"]["analysis"]["machine"]["process_count"] == 2
-  assert [e["event"] for e in two["meta"]["provenance"]["training"]] == ["train", "resume"]
+  assert [e["event"] for e in two["meta"]["provenance"]["training"]] == ["train", "resume", "resume"]
   analyze_run(work, out=str(tmp_path / "one"), num_sequences=8,
               options=AnalysisOptions(batch_size=4, interventions=False, progress=False))
   one = storage.read_json(str(tmp_path / "one" / "summary.json"))

@@ -1,4 +1,5 @@
-"""Sweeps: expansion, names, validation, print / slurm output, skip-and-resume decisions, seed groups."""
+"""Sweeps: expansion, names, validation, print / slurm output, skip-and-resume decisions, seed groups. A real
+sweep (train, analyse, compare, skip, resume, in subprocesses) runs end to end into a bucket in test_storage."""
 
 import json
 import os
@@ -16,8 +17,7 @@ from abspos_jax import config as config_lib
 from abspos_jax import sweep as sweep_lib
 from abspos_jax.sweep import Decision, RunState, SweepError
 from conftest import SMALL
-from conftest import SESSION_CACHE
-from helpers import sweep_cfg, two_seed_sweep
+from helpers import sweep_cfg
 
 
 REPO = sweep_lib.REPO
@@ -444,28 +444,3 @@ def test_seeds_together_local_reruns_a_group_until_every_seed_is_done(tmp_path):
       f"comparison of 6 analysed runs: {tmp_path}/comparison/comparison.md"]
   assert runner.calls == [("train.py", f"{tmp_path}/rope-s{{seed}}", "rope-s0_1_2.train.log"),
                           ("analyze.py", f"{tmp_path}/rope-s2", "analyze.log")]
-
-
-# ---------------------------------------------------------------------------- end to end
-
-
-@pytest.mark.slow
-def test_local_sweep_trains_analyses_compares_then_skips(tmp_path, monkeypatch):
-  # the test run's compilation cache, which local_env keeps (test_decide's FakeRunner checks the sweep's default)
-  monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", SESSION_CACHE)
-  sweep_file = two_seed_sweep(tmp_path / "two.py")
-  root = tmp_path / "root"
-  cmd = [sys.executable, "-m", "abspos_jax.sweep", f"--sweep={sweep_file}", f"--root={root}", "--launch=local"]
-  r = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)
-  assert r.returncode == 0, r.stdout + r.stderr
-  lines = r.stdout.splitlines()
-  for k in (0, 1):
-    assert re.fullmatch(rf"\[{k + 1}/2\] s{k}: trained \(\d+ s\), analysed \(\d+ s\)", lines[k + 1]), r.stdout
-    assert sweep_lib.latest_checkpoint_step(str(root / f"s{k}")) == 4
-    assert sweep_lib.analysed_step(str(root / f"s{k}")) == 4
-    assert "loss" in (root / f"s{k}" / "metrics.jsonl").read_text()
-  [row] = json.loads((root / "comparison" / "comparison.json").read_text()).values()
-  assert row["seeds"] == [0, 1] and row["loss"]["std"] is not None  # one group, spread over the two seeds
-  r = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)
-  assert r.returncode == 0, r.stderr
-  assert r.stdout.splitlines()[1:3] == ["[1/2] s0: skipped (finished)", "[2/2] s1: skipped (finished)"]

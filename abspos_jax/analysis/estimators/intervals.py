@@ -22,9 +22,16 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-import scipy.stats
+import scipy.special
 
 LEVEL = 0.95
+
+
+def _t_quantile(p: float, df):
+  """Student's t quantile ``scipy.stats.t.ppf(p, df)``, which is ``scipy.special.stdtrit(df, p)``: training
+  imports this module (the emergence hook), and importing scipy.stats would cost most of a second of every
+  process's start."""
+  return scipy.special.stdtrit(df, p)
 
 
 def keep_masks(num_blocks: int) -> jax.Array:
@@ -59,7 +66,7 @@ def summarize(stacked: Any, block_counts: np.ndarray, level: float = LEVEL) -> d
   """
   present = np.asarray(block_counts) > 0
   g = int(present.sum())
-  t = float(scipy.stats.t.ppf(0.5 + level / 2, g - 1)) if g >= 2 else np.nan
+  t = float(_t_quantile(0.5 + level / 2, g - 1)) if g >= 2 else np.nan
 
   def one(x):
     x = np.asarray(x, np.float64)
@@ -95,5 +102,5 @@ def seed_half_width(values: np.ndarray, level: float = LEVEL) -> np.ndarray:
   with np.errstate(invalid="ignore", divide="ignore"):
     mean = np.where(n > 0, np.nansum(a, 0) / np.maximum(n, 1), np.nan)
     var = np.nansum((a - mean) ** 2, 0) / np.maximum(n - 1, 1)
-    t = scipy.stats.t.ppf(0.5 + level / 2, np.maximum(n - 1, 1))
+    t = _t_quantile(0.5 + level / 2, np.maximum(n - 1, 1))
     return np.where(n >= 2, t * np.sqrt(var / np.maximum(n, 1)), np.nan)
