@@ -97,3 +97,16 @@ def small_flags(*flags: str, **overrides) -> list[str]:
   for flag in flags:
     out[flag.split("=", 1)[0].removeprefix("--config.") if flag.startswith("--config.") else flag] = flag
   return list(out.values())
+
+
+def pytest_collection_modifyitems(items: list) -> None:
+  """Modules with slow (end-to-end) tests first, and those tests first within them: xdist hands tests out in
+  this order, so a long test does not start last and leave one worker running alone at the end. Each module's
+  tests stay together, so module-scoped fixtures are set up once per worker."""
+  slow_modules = {item.module.__name__ for item in items if item.get_closest_marker("slow")}
+  module_order = {}
+  for item in items:
+    module_order.setdefault(item.module.__name__, len(module_order))
+  order = {id(item): i for i, item in enumerate(items)}
+  items.sort(key=lambda item: (item.module.__name__ not in slow_modules, module_order[item.module.__name__],
+                               item.get_closest_marker("slow") is None, order[id(item)]))
