@@ -148,7 +148,7 @@ def hooked_run() -> Path:
 
 
 def multihost_reference() -> str:
-  """The one-process, 8-device run that the 2-process runs of test_multihost and test_storage match."""
+  """The one-process, 8-device run that test_storage's run across 1 and 2 processes matches."""
   return shared_run("multihost-reference", lambda d: one_process("train.py", f"--workdir={d}", *MESH_RUN))
 
 
