@@ -24,8 +24,7 @@ if "ABSPOS_TEST_SHARED" not in os.environ:
   atexit.register(shutil.rmtree, os.environ["ABSPOS_TEST_SHARED"], ignore_errors=True)
 
 # The suite's programs are tiny, so compiling them costs far more than running them, and most of a compile is
-# LLVM optimising the generated code: at level 0 a cold tiny analysis with interventions takes 37 s instead of
-# 53 s, and test_orchestrator + test_hf 209 s instead of 306 s. Set here, before jax is imported, so that the
+# LLVM optimising the generated code (README, "Tests"). Set here, before jax is imported, so that the
 # xdist workers and every subprocess inherit it (the compilation cache keys on XLA_FLAGS, so no program compiled
 # at another level is reused). Tests that check numbers the docs state run at the default level
 # (:func:`default_level_env`).
@@ -107,6 +106,5 @@ def pytest_collection_modifyitems(items: list) -> None:
   module_order = {}
   for item in items:
     module_order.setdefault(item.module.__name__, len(module_order))
-  order = {id(item): i for i, item in enumerate(items)}
   items.sort(key=lambda item: (item.module.__name__ not in slow_modules, module_order[item.module.__name__],
-                               item.get_closest_marker("slow") is None, order[id(item)]))
+                               item.get_closest_marker("slow") is None))  # stable: collection order otherwise

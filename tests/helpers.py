@@ -148,7 +148,8 @@ def hooked_run() -> Path:
 
 
 def multihost_reference() -> str:
-  """The one-process, 8-device run that test_storage's run across 1 and 2 processes matches."""
+  """A 1-process run on a (2, 2, 2) mesh of 8 devices: test_storage's run across 1 and 2 processes matches it,
+  test_api analyses it on one device."""
   return shared_run("multihost-reference", lambda d: one_process("train.py", f"--workdir={d}", *MESH_RUN))
 
 
