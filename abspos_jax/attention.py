@@ -165,12 +165,29 @@ class BlockFold(Protocol):
   """What :func:`query_block_attention` hands each block of queries to (the analysis' statistics)."""
 
   def begin(self, state: Any, first_rows: Callable[[jax.Array], tuple[jax.Array, jax.Array]]) -> Any:
-    """``state`` before the first block; ``first_rows(start)`` recomputes the edited logits ``[1, H, R, T]`` and
-    ``log Z [1, H, R]`` of the batch's first sequence at queries ``start .. start + R - 1``."""
+    """``state`` before the first block; ``first_rows(start)`` recomputes the edited logits ``[1, H, R, T]`` (every
+    key) and ``log Z [1, H, R]`` of the batch's first sequence at queries ``start .. start + R - 1``."""
 
   def __call__(self, state: Any, start: jax.Array, logits: jax.Array, log_z: jax.Array) -> Any:
-    """``state`` after the block of queries ``start .. start + R - 1``: ``logits [B, H, R, T]`` (after any edit,
-    ``-inf`` off the mask), ``log_z [B, H, R]``."""
+    """``state`` after the block of queries ``start .. start + R - 1``: ``logits [B, H, R, W]`` over keys
+    ``0 .. W - 1`` (after any edit, ``-inf`` off the mask; ``W >= start + R``: every key the block sees),
+    ``log_z [B, H, R]``."""
+
+
+# Blocks of queries are grouped into this many bands, each scored against the keys up to its last query:
+# causal work ~ (1/4 + 2/4 + 3/4 + 1) / 4 = 0.625 of all T keys; more bands add programs to compile.
+KEY_BANDS = 4
+
+
+def key_bands(seq_len: int, block: int, positions: Any) -> list[tuple[int, int]]:
+  """``[(first query, end)]`` per band of whole blocks of ``block`` queries: up to :data:`KEY_BANDS` bands of
+  equally many blocks, whose queries see no key at or past ``end`` when ``positions`` is NumPy ``0 .. T-1``
+  (the model's, known at trace time); one band of all ``T`` keys otherwise."""
+  n = seq_len // block
+  causal_order = isinstance(positions, np.ndarray) and np.array_equal(positions, np.arange(seq_len))
+  bands = min(n, KEY_BANDS) if causal_order else 1
+  edges = [block * (n * b // bands) for b in range(bands + 1)]
+  return list(zip(edges[:-1], edges[1:]))
 
 
 def query_block_attention(q: jax.Array, k: jax.Array, v: jax.Array, positions: jax.Array, window: int | None,
@@ -180,17 +197,18 @@ def query_block_attention(q: jax.Array, k: jax.Array, v: jax.Array, positions: j
   """The explicit attention, ``block`` queries at a time: ``(out [B, T, H, d_h], log_z [B, H, T], state)``.
 
   Each block of queries ``R = block`` (``q [B, T, H, d_h]``, ``k, v [B, T, K, d_h]``)
-  is scored against every key, ``s [B, H, R, T]``, masked by
+  is scored against the keys ``0 .. W - 1`` of its band (:func:`key_bands`:
+  ``W`` is the band's last query + 1, past which every key is masked;
+  ``W = T`` for one band), ``s [B, H, R, W]``, masked by
   :func:`masks.visible`, passed to ``edit_logits`` (renormalised when it
   changes them), normalised by :func:`masked_softmax`, passed to
   ``edit_weights`` and applied to ``v``. A query's row is whole within its
-  block, so ``log Z``, the weights and the output are the same arithmetic
-  as with one block of all ``T`` queries (no online rescaling: blocks are
-  over queries only), and what is alive at once is ``O(B H R T)``, not
-  ``O(B H T^2)``. ``fold`` sees each block's logits as it is computed
-  (:class:`BlockFold`). Edits get the block's rows: an edit of the logits
-  or weights must act on each query's row alone (as ``sink_ablate`` does).
-  ``block`` divides ``T``; ``block = T`` runs no loop.
+  block (the keys left out are masked for it), so ``log Z``, the weights and
+  the output are those of one block of all ``T`` queries to float rounding
+  (no online rescaling: blocks are over queries only), and what is
+  alive at once is ``O(B H R T)``, not ``O(B H T^2)``. ``fold`` sees each block's logits as it is computed
+  (:class:`BlockFold`). Edits get the block's rows over its band's keys (column ``j`` is key ``j``) and must
+  act on each query's row alone (as ``sink_ablate`` does). ``block`` divides ``T``.
   """
   b, t, h, d = q.shape
   if t % block:
@@ -198,7 +216,8 @@ def query_block_attention(q: jax.Array, k: jax.Array, v: jax.Array, positions: j
   pos = jnp.asarray(positions)
 
   def rows(q_rows: jax.Array, k: jax.Array, start) -> tuple[jax.Array, jax.Array, jax.Array]:
-    mask = masks.visible(jax.lax.dynamic_slice_in_dim(pos, start, q_rows.shape[1]) if block < t else pos, pos, window)
+    query_pos = jax.lax.dynamic_slice_in_dim(pos, start, q_rows.shape[1]) if block < t else pos
+    mask = masks.visible(query_pos, pos[:k.shape[1]], window)
     s, a, log_z = masked_softmax(attention_logits(q_rows, k, dtype), mask)
     edited = edit_logits(s)
     if edited is not s:  # an intervention changed the logits: renormalise
@@ -209,19 +228,28 @@ def query_block_attention(q: jax.Array, k: jax.Array, v: jax.Array, positions: j
     state = fold.begin(state, lambda start: rows(jax.lax.dynamic_slice_in_dim(q[:1], start, block, 1), k[:1],
                                                  start)[::2])
 
-  def one(state, start):
-    s, a, log_z = rows(jax.lax.dynamic_slice_in_dim(q, start, block, 1) if block < t else q, k, start)
-    if fold is not None:
-      state = fold(state, start, s, log_z)
-    return state, (attend(a, v, dtype), log_z)
+  def band(state, first: int, end: int):
+    kb, vb = k[:, :end], v[:, :end]
 
-  if block == t:
-    state, (out, log_z) = one(state, 0)
-    return out, log_z, state
-  state, (out, log_z) = jax.lax.scan(one, state, jnp.arange(0, t, block))
-  # [T / R, B, R, H, d_h] -> [B, T, H, d_h]; [T / R, B, H, R] -> [B, H, T]
-  return (jnp.moveaxis(out, 0, 1).reshape(b, t, h, v.shape[-1]),
-          jnp.moveaxis(log_z, 0, 2).reshape(b, h, t), state)
+    def one(state, start):
+      s, a, log_z = rows(jax.lax.dynamic_slice_in_dim(q, start, block, 1) if block < t else q, kb, start)
+      if fold is not None:
+        state = fold(state, start, s, log_z)
+      return state, (attend(a, vb, dtype), log_z)
+
+    if end - first == block:
+      state, (out, log_z) = one(state, first)
+      return state, out, log_z
+    state, (out, log_z) = jax.lax.scan(one, state, jnp.arange(first, end, block))
+    # [n, B, R, H, d_h] -> [B, n R, H, d_h]; [n, B, H, R] -> [B, H, n R]
+    return (state, jnp.moveaxis(out, 0, 1).reshape(b, end - first, h, v.shape[-1]),
+            jnp.moveaxis(log_z, 0, 2).reshape(b, h, end - first))
+
+  parts = []
+  for first, end in key_bands(t, block, positions):
+    state, *part = band(state, first, end)
+    parts.append(part)
+  return jnp.concatenate([p[0] for p in parts], 1), jnp.concatenate([p[1] for p in parts], 2), state
 
 
 class Attention(nnx.Module):
@@ -283,7 +311,7 @@ class Attention(nnx.Module):
       local = None if self.window is None else (self.window - 1, 0)
       q, k, v = (x.astype(self.dtype) for x in (q, k, v))
       out = jax.nn.dot_product_attention(q, k, v, is_causal=True, local_window_size=local).astype(jnp.float32)
-    elif hooks is None:
+    elif hooks is None or (not hooks.reads_attention(layer) and hooks.query_block_size(q.shape[1]) == q.shape[1]):
       out = softmax_attention(q, k, v, positions, self.window, self.dtype)
     else:
       block = hooks.query_block_size(q.shape[1])

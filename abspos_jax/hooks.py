@@ -96,7 +96,10 @@ class Hooks:
   (``attention.query_block_attention``; it must divide ``T``), so that no
   layer's ``[B, H, T, T]`` logits are alive at once; None (or capturing a
   layer's logits or weights, which are then whole) runs all ``T`` at once.
-  The logits and weights edits then see ``[B, H, R, T]`` blocks of rows.
+  The logits and weights edits then see ``[B, H, R, W]`` blocks of rows over
+  the keys ``0 .. W - 1`` that the block's queries can see (``attention.key_bands``).
+  A layer whose attention nothing reads or edits (:meth:`reads_attention`)
+  runs the model's plain explicit path, as without hooks.
   """
 
   def __init__(
@@ -108,13 +111,25 @@ class Hooks:
     self.edits = dict(edits or {})
     self._names = set(self.edits) | (set() if callable(capture) else set(capture))
     self._capture = capture if callable(capture) else frozenset(capture).__contains__
+    self._any_point = callable(capture)
     self.query_block = query_block
     # A callable capture may ask for any point: then every layer's logits and weights stay whole.
-    self._whole_logits = callable(capture) or any(is_attn(n, w) for n in capture for w in ("logits", "weights"))
+    self._whole_logits = self._any_point or any(is_attn(n, w) for n in capture for w in ("logits", "weights"))
     self.cache: dict[str, jax.Array] = {}
 
   def check(self, num_layers: int) -> None:
     check(self._names, num_layers)
+
+  def reads_attention(self, layer: int) -> bool:
+    """Whether anything captures or edits layer ``layer``'s logits, weights or ``log Z`` (or folds its blocks:
+    subclasses with a :meth:`attention_fold` say so).
+
+    When nothing does and its attention runs whole, the layer may take the
+    plain path (``attention.softmax_attention``: its causal blocks skip keys no
+    query of the block sees), which computes the same output.
+    """
+    attention = [attn(layer, w) for w in ("logits", "weights", "log_z")]
+    return self._any_point or any(n in self._names for n in attention)
 
   def query_block_size(self, seq_len: int) -> int:
     """The queries per attention block for ``seq_len`` tokens (``seq_len`` itself when not blocked)."""

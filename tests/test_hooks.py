@@ -4,7 +4,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from abspos_jax import hooks
+from abspos_jax import attention, hooks
+from abspos_jax.attention import softmax_attention
 from abspos_jax import model as model_lib
 from conftest import small_config
 
@@ -44,3 +45,29 @@ def test_an_edit_changes_the_forward():
   out = m(x, hooks=edited)
   w = np.asarray(edited.cache[hooks.attn(0, "weights")])
   assert (w[..., 1:, 0] == 0).all() and not np.allclose(out, m(x))
+
+
+def test_a_layer_whose_attention_nothing_reads_runs_the_plain_path(monkeypatch):
+  """Capturing residual streams (or editing an MLP) leaves the attention to the training path; capturing or
+  editing a layer's logits, weights or log Z keeps the explicit path for that layer. Both give the same
+  residual streams to float32 rounding (the plain path cuts causal query blocks; docs/analysis.md)."""
+  m = model_lib.create(small_config())
+  tokens = jnp.asarray(np.random.default_rng(0).integers(0, 256, (2, 16)), jnp.int32)
+  resids = [hooks.resid(l) for l in range(3)]
+  plain = hooks.Hooks(capture=resids)
+  assert not plain.reads_attention(0) and not hooks.Hooks({hooks.mlp_out(0): lambda x: x}).reads_attention(0)
+  read = hooks.Hooks(capture=resids + [hooks.attn(1, "log_z")])
+  assert not read.reads_attention(0) and read.reads_attention(1)
+  assert hooks.Hooks(capture=lambda n: True).reads_attention(0)
+  plain_calls = []
+  monkeypatch.setattr(attention, "softmax_attention",
+                      lambda *a: plain_calls.append(1) or softmax_attention(*a))
+  m(tokens, hooks=plain)
+  assert len(plain_calls) == 2
+  m(tokens, hooks=read)
+  assert len(plain_calls) == 3  # layer 0 only
+  explicit = hooks.Hooks(capture=resids + [hooks.attn(l, "log_z") for l in range(2)])
+  m(tokens, hooks=explicit)
+  assert len(plain_calls) == 3
+  for name in resids:
+    np.testing.assert_allclose(plain.cache[name], explicit.cache[name], rtol=1e-5, atol=1e-5, err_msg=name)

@@ -35,6 +35,23 @@ def test_the_batch_holds_at_most_256_mib_of_one_layers_logits():
   assert memory.logits_batch_cap(4, 128) == 1024
 
 
+def test_batches_are_cut_equal_where_that_costs_at_most_half_the_batch():
+  """32 sequences under a cap of 5 -> 8 batches of 4 (one program, not 5s and a 2); no divisor in [ceil(b/2), b]
+  keeps the cap; fewer sequences than the cap -> one batch of all."""
+  assert memory.even_batch(32, 5) == 4 and memory.even_batch(12, 5) == 4 and memory.even_batch(100, 32) == 25
+  assert memory.even_batch(256, 32) == 32 and memory.even_batch(7, 5) == 5 and memory.even_batch(23, 8) == 8
+  assert memory.even_batch(3, 5) == 3 and memory.even_batch(5, 1) == 1
+  compiled = []
+
+  def compile_for(b, block):
+    compiled.append((b, block))
+    return types.SimpleNamespace(memory_analysis=lambda: types.SimpleNamespace(
+        temp_size_in_bytes=10 * b, output_size_in_bytes=0, alias_size_in_bytes=0))
+
+  assert memory.choose_batch_and_block(compile_for, 5, 10**6, [16], 4, 16, num_sequences=12) == (4, 16, 40)
+  assert compiled == [(4, 16)]  # the one program the sweep then runs
+
+
 def test_memory_budget_sets_the_batch_size():
   m, seqs = model_lib.create(small_config()), sequences()
   whole = analyze(m, seqs, options=AnalysisOptions(batch_size=12, interventions=False, progress=False))

@@ -116,6 +116,18 @@ def test_query_blocks_compute_what_one_block_does(position, overrides, block):
   assert not np.allclose(whole.cache[hooks_lib.attn(1, "log_z")], plain.cache[hooks_lib.attn(1, "log_z")])
 
 
+def test_key_bands_group_blocks_by_the_keys_their_queries_see():
+  """Up to 4 bands of equally many blocks, each ending at its last query + 1 (the keys past it are masked for
+  every query of the band); one band of all keys when the positions are not 0 .. T-1 known at trace time."""
+  causal = np.arange(16)
+  assert attention_lib.key_bands(16, 2, causal) == [(0, 4), (4, 8), (8, 12), (12, 16)]
+  assert attention_lib.key_bands(16, 8, causal) == [(0, 8), (8, 16)] and attention_lib.key_bands(16, 16, causal) == [(0, 16)]
+  assert attention_lib.key_bands(12, 4, np.arange(12)) == [(0, 4), (4, 8), (8, 12)]
+  assert attention_lib.key_bands(40, 2, np.arange(40)) == [(0, 10), (10, 20), (20, 30), (30, 40)]
+  assert attention_lib.key_bands(16, 2, jnp.arange(16)) == [(0, 16)]
+  assert attention_lib.key_bands(16, 2, np.arange(1, 17)) == [(0, 16)]
+
+
 def test_query_blocks_must_divide_the_length_and_whole_logits_stay_whole():
   m = model_lib.create(small_config())
   with pytest.raises(ValueError, match="query_block=5 must divide the sequence length 16"):

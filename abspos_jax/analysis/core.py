@@ -8,7 +8,6 @@ blocks and once per deleted block (:mod:`estimators.intervals`).
 """
 
 import dataclasses
-import functools
 from collections.abc import Callable, Mapping
 from types import ModuleType
 
@@ -91,34 +90,40 @@ def summarize(finals: Mapping[str, dict], ci: dict) -> tuple[dict, dict[str, np.
   return summary, arrays
 
 
-def _jackknife_core(acc: dict, visible: jax.Array, design: FEDesign, options: AnalysisOptions) -> dict:
-  """:func:`intervals.evaluate` of every core estimator's ``INTERVAL_KEYS`` (as ``<name>.<key>``)."""
-  def estimates(keep, acc, visible, design):
-    fin = finalize_core(acc, visible, design, options, keep)
-    return {f"{e.name}.{k}": fin[e.name][k] for e in CORE for k in e.module.INTERVAL_KEYS}
-
-  return intervals.evaluate(estimates, options.num_blocks, acc, visible, design)
+def _core_kept(keep: jax.Array, acc: dict, visible: jax.Array, design: FEDesign, *,
+               options: AnalysisOptions) -> dict:
+  """:func:`finalize_core` with ``keep`` first, as :func:`intervals.evaluate` calls it (module level: its
+  program is compiled once per shape)."""
+  return finalize_core(acc, visible, design, options, keep)
 
 
-@functools.partial(jax.jit, static_argnames="ridge")
-def finalize_probe(acc: dict, ridge: float) -> dict:
-  """``probes.finalize`` as one program (the caller waits for it before the next: see ``probes.finalize``)."""
-  return probes.finalize(acc, ridge=ridge)
+def _probe_kept(keep: jax.Array, acc: dict, *, ridge: float) -> dict:
+  return probes.finalize(acc, keep, ridge=ridge)
 
 
-def _jackknife_probe(acc: dict, ridge: float, num_blocks: int) -> jax.Array:
-  return intervals.evaluate(lambda keep, acc: probes.finalize(acc, keep, ridge=ridge)["r2"], num_blocks, acc)
+def finalize_baseline(acc: dict, visible: jax.Array, design: FEDesign, options: AnalysisOptions) -> dict:
+  """The core's results (``{name: results}`` of :func:`finalize_core`) and each probe's, over all blocks.
 
-
-def jackknife_baseline(acc: dict, visible: jax.Array, design: FEDesign, options: AnalysisOptions) -> dict:
-  """The core numbers' and the probes' leave-one-block-out values.
-
-  Separate programs, one at a time: two batched LU solves running at once
-  deadlocked XLA CPU's intra-op pool (``probes.finalize``).
+  Each is one program, run to the end before the next (two batched LU solves
+  at once can deadlock XLA CPU's intra-op pool: ``probes.finalize``), and the
+  one :func:`jackknife_baseline` then runs per deleted block.
   """
-  out = dict(_jackknife_core(acc, visible, design, options))
+  out = dict(intervals.all_blocks(_core_kept, options.num_blocks, acc, visible, design, options=options))
   for name in probes.PROBES:
-    out[f"{name}.r2"] = _jackknife_probe(acc[name], options.probe_ridge, options.num_blocks)
+    out[name] = intervals.all_blocks(_probe_kept, options.num_blocks, acc[name], ridge=options.probe_ridge)
+  return out
+
+
+def jackknife_baseline(acc: dict, visible: jax.Array, design: FEDesign, options: AnalysisOptions,
+                       finals: Mapping[str, dict]) -> dict:
+  """The core numbers' and the probes' values over all blocks (from ``finals``, :func:`finalize_baseline`'s)
+  and with each block left out, by the same programs, one at a time."""
+  keys = lambda fin: {f"{e.name}.{k}": fin[e.name][k] for e in CORE for k in e.module.INTERVAL_KEYS}  # noqa: E731
+  out = dict(intervals.evaluate(_core_kept, options.num_blocks, acc, visible, design, first=finals, pick=keys,
+                                options=options))
+  for name in probes.PROBES:
+    out[f"{name}.r2"] = intervals.evaluate(_probe_kept, options.num_blocks, acc[name], first=finals[name],
+                                           pick=lambda fin: fin["r2"], ridge=options.probe_ridge)
   return out
 
 

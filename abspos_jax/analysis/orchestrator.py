@@ -25,7 +25,7 @@ import numpy as np
 from flax import nnx
 
 from abspos_jax.analysis import core
-from abspos_jax.analysis.estimators import effects, fixed_effects, intervals, position0, probes
+from abspos_jax.analysis.estimators import effects, fixed_effects, intervals, position0
 from abspos_jax.analysis.estimators.fixed_effects import FEDesign
 from abspos_jax.analysis.options import AnalysisOptions
 from abspos_jax.analysis.outputs import schema
@@ -88,10 +88,7 @@ def _passes(model: Decoder, sequences: Mapping[str, np.ndarray], main: str, stat
                                                     options.query_block))
   acc = sweep(baseline_step, params, init(), sequences[main], options.batch_size, f"analysis[{main}]",
               progress=options.progress)
-  finals = {main: {**jax.jit(core.finalize_core, static_argnames="options")(acc, visible, design, options),
-                   **{name: jax.block_until_ready(core.finalize_probe(acc[name], options.probe_ridge))
-                      for name in probes.PROBES},
-                   "acc": acc}}
+  finals = {main: {**core.finalize_baseline(acc, visible, design, options), "acc": acc}}
   del acc
   for policy in others:
     acc = sweep(position0_step, params, init_other(), sequences[policy], options.batch_size, f"analysis[{policy}]",
@@ -141,7 +138,8 @@ def analyze(model: Decoder, sequences: Mapping[str, np.ndarray], *, main: str = 
   design = fixed_effects.make_design(visible)
   finals, options, step_memory = _passes(model, sequences, main, statistics, visible, design, options)
   m = finals[main]
-  ci = intervals.summarize(core.jackknife_baseline(m["acc"], visible, design, options), m["acc"]["leakage"]["n"])
+  ci = intervals.summarize(core.jackknife_baseline(m["acc"], visible, design, options, m),
+                           m["acc"]["leakage"]["n"])
   estimates, arrays = core.summarize({**m, "probes": None}, ci)
   summary = {**_header(model.spec, sequences, main, finals, options, step_memory), **estimates,
              "fingerprint": position0.summarize_fingerprints({p: f["position0"] for p, f in finals.items()})}
@@ -170,7 +168,9 @@ def _fit_batch_size(step_for, params, acc, sequences: Mapping[str, np.ndarray],
   hold (``held`` bytes, not allocated yet) are taken out: for a 1B model at
   2,048 tokens they are gigabytes (the residual probe's blocked Gram
   matrices). The batch is also capped at :func:`memory.logits_batch_cap`
-  (one block's logits within 256 MiB: larger batches are slower on the CPU).
+  (one block's logits within 256 MiB: larger batches are slower on the CPU)
+  and, where that costs at most half of it, cut to equal batches
+  (:func:`memory.even_batch`).
   Where one sequence's layer of logits passes that cap or the budget, the
   attention runs in blocks of queries (:func:`memory.choose_batch_and_block`;
   ``options.query_block`` fixes the block). ``step_for(block)`` is the
@@ -190,10 +190,11 @@ def _fit_batch_size(step_for, params, acc, sequences: Mapping[str, np.ndarray],
     return step_for(block).compiled(params, acc, jax.ShapeDtypeStruct((b, seq_len), jnp.int32),
                                     jax.ShapeDtypeStruct((b,), jnp.int32))
 
-  largest = min(options.batch_size, max(len(t) for t in sequences.values()))
+  num_sequences = max(len(t) for t in sequences.values())
   batch, block, used = memory.choose_batch_and_block(
-      compile_for, largest, budget, memory.query_blocks(seq_len, options.query_block),
-      acc["leakage"]["lz"].shape[2], seq_len, what=f"the analysis step at {seq_len} tokens")
+      compile_for, min(options.batch_size, num_sequences), budget, memory.query_blocks(seq_len, options.query_block),
+      acc["leakage"]["lz"].shape[2], seq_len, what=f"the analysis step at {seq_len} tokens",
+      num_sequences=num_sequences)
   return dataclasses.replace(options, batch_size=batch, query_block=None if block == seq_len else block), {
       "budget_gib": budget / memory.GiB, "step_gib": used / memory.GiB, "query_block": block,
       "accumulators_gib": held / memory.GiB,

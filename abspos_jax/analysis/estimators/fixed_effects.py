@@ -165,10 +165,11 @@ def layer_mask(visible: jax.Array) -> jax.Array:
 
 
 def skew(x: jax.Array, start: int | jax.Array = 0) -> jax.Array:
-  """``x[..., r, j] -> y[..., r, d] = x[..., r, start + r - d]``: ``[..., R, T] -> [..., R, T]``.
+  """``x[..., r, j] -> y[..., r, d] = x[..., r, start + r - d]``: ``[..., R, W] -> [..., R, W]``.
 
   Rows ``r`` are the queries ``i = start + r`` (all ``T`` of them from ``start
-  = 0`` when ``R = T``), columns the keys. Meaningful on the cells only
+  = 0`` when ``R = T``), columns the keys ``0 .. W - 1`` (``W = T``, or fewer
+  when the queries see no key past ``W - 1``). Meaningful on the cells only
   (``design.skew_valid``, :func:`row_masks`); callers mask the rest. A
   strided copy rather than a gather (1.6x faster on CPU): with the keys
   reversed, ``x'[r, k] = x[r, T-1-k]``, padded to rows of ``2T`` and re-read
@@ -182,15 +183,17 @@ def skew(x: jax.Array, start: int | jax.Array = 0) -> jax.Array:
   return jax.lax.dynamic_slice_in_dim(z, t - 1 - start, t, axis=-1)
 
 
-def row_masks(design: FEDesign, start: int | jax.Array, size: int) -> tuple[jax.Array, jax.Array, jax.Array]:
-  """``skew_valid``, ``key_valid`` and ``ref_valid`` at queries ``start .. start + size - 1``: bool ``[size, T]``
-  each, from ``[T]`` fields of one mask's design (so a block of rows costs ``O(size T)``, not the ``[T, T]``)."""
+def row_masks(design: FEDesign, start: int | jax.Array, size: int, width: int | None = None
+              ) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """``skew_valid``, ``key_valid`` and ``ref_valid`` at queries ``start .. start + size - 1`` and offsets
+  ``0 .. width - 1`` (default all ``T``): bool ``[size, width]`` each, from ``[T]`` fields of one mask's design
+  (so a block of rows costs ``O(size T)``, not the ``[T, T]``)."""
   t = design.query_count.shape[-1]
   i = start + jnp.arange(size)[:, None]
-  d = jnp.arange(t)[None, :]
+  d = jnp.arange(width or t)[None, :]
   rows = lambda x: jax.lax.dynamic_slice_in_dim(x, start, size)[:, None]  # noqa: E731
   cells, keys = d < rows(design.query_count), d < rows(design.key_count)
-  return cells, keys, jnp.where(i == t - 1, design.ref_last[None, :], keys & (d < i))
+  return cells, keys, jnp.where(i == t - 1, design.ref_last[None, :width or t], keys & (d < i))
 
 
 def cell_mean_of_query_function(design: FEDesign, f: jax.Array) -> jax.Array:

@@ -40,8 +40,13 @@ def keep_masks(num_blocks: int) -> jax.Array:
   return jnp.concatenate([ones, 1.0 - jnp.eye(num_blocks, dtype=jnp.float32)])
 
 
-def evaluate(fn: Callable[..., Any], num_blocks: int, *args: Any, **static: Any) -> Any:
-  """``fn(keep, *args, **static)`` for every row of :func:`keep_masks`, stacked on a leading axis.
+def evaluate(fn: Callable[..., Any], num_blocks: int, *args: Any, first: Any = None,
+             pick: Callable[[Any], Any] = lambda x: x, **static: Any) -> Any:
+  """``pick(fn(keep, *args, **static))`` for every row of :func:`keep_masks`, stacked on a leading axis.
+
+  ``first``: ``fn``'s value with every block kept, when the caller has it
+  already (:func:`all_blocks`): the rows then start at the first deleted
+  block, so the finalisation with all blocks runs once, and compiles once.
 
   ``fn`` is jitted once and called once per keep from a Python loop, each
   call finished before the next starts, so the ``K + 1`` evaluations hold one
@@ -55,8 +60,17 @@ def evaluate(fn: Callable[..., Any], num_blocks: int, *args: Any, **static: Any)
   then compiles once per shape of ``args``, however often it is evaluated.
   """
   jitted = jax.jit(fn, static_argnames=tuple(static))
-  rows = [jax.block_until_ready(jitted(keep, *args, **static)) for keep in keep_masks(num_blocks)]
+  masks = keep_masks(num_blocks)
+  rows = [] if first is None else [pick(first)]
+  rows += [pick(jax.block_until_ready(jitted(keep, *args, **static))) for keep in masks[len(rows):]]
   return jax.tree.map(lambda *x: jnp.stack(x), *rows)
+
+
+def all_blocks(fn: Callable[..., Any], num_blocks: int, *args: Any, **static: Any) -> Any:
+  """``fn(keep, *args, **static)`` with every block kept, by the program :func:`evaluate` then reuses (pass
+  the value as its ``first``)."""
+  return jax.block_until_ready(jax.jit(fn, static_argnames=tuple(static))(keep_masks(num_blocks)[0], *args,
+                                                                             **static))
 
 
 def summarize(stacked: Any, block_counts: np.ndarray, level: float = LEVEL) -> dict[str, Any]:

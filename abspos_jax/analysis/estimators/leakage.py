@@ -100,15 +100,17 @@ def block_sums(design: fe.FEDesign, start: int | jax.Array, ref_s: jax.Array, re
   """One head's sums over a block of one sequence's queries ``i = start .. start + R - 1``.
 
   ``design`` is one mask's (``[T]`` fields), ``ref_s, ref_l [T]`` the
-  references, ``s [R, T]`` the block's logits over every key (ignored off the
-  cells), ``lz [R]`` its ``log Z``. Returns ``(rows, offsets)``: ``rows`` holds
-  ``s_qs, s_qq, s_qr, loga_qs, loga_qq, loga_qr`` and the
+  references, ``s [R, W]`` the block's logits over the keys ``0 .. W - 1``
+  (``W >= start + R``, so every key the block's queries see; ignored off the
+  cells), ``lz [R]`` its ``log Z``. Returns ``(rows, offsets)``: ``rows``
+  holds ``s_qs, s_qq, s_qr, loga_qs, loga_qq, loga_qr`` and the
   ``denominators.QUANTITIES`` over the keys (``denominators.query_statistics``
   when the keys are the model's mask), each ``[R]``; ``offsets`` holds this
   block's part of the per-offset sums ``s_os, loga_os`` and of ``zm`` (the
-  normaliser's terms of the block's reference queries), each ``[T]``, summed
-  over the blocks by the caller. A query's sums need only its own row, so
-  the blocks add up to the sums of the whole sequence.
+  normaliser's terms of the block's reference queries), each ``[W]``
+  (offsets ``0 .. W - 1``; no query of the block has a cell further back),
+  summed over the blocks by the caller. A query's sums need only its own
+  row, so the blocks add up to the sums of the whole sequence.
 
   The cumulative ``logsumexp`` of the normaliser reuses the weights:
   ``logsumexp_{d<n} s_{p,p-d} = log Z_p + log sum_{d<n} a_{p,p-d}``. Where
@@ -117,9 +119,10 @@ def block_sums(design: fe.FEDesign, start: int | jax.Array, ref_s: jax.Array, re
   the query's own logit instead, exact unless a nearer key exceeds that by 80
   nats: exact for rows whose logits span less than ~149 nats.
   """
-  size = s.shape[-2]
-  valid, keys, refs = fe.row_masks(design, start, size)
-  raw = fe.skew(s, start)  # [R, T(d)]
+  size, width = s.shape[-2:]
+  valid, keys, refs = fe.row_masks(design, start, size, width)
+  raw = fe.skew(s, start)  # [R, W(d)]
+  ref_s, ref_l = ref_s[:width], ref_l[:width]
   rows, offsets = {}, {}
   r = ref_s[None, :]
   y = jnp.where(valid, raw - r, 0.0)
@@ -230,7 +233,7 @@ class LayerFold:
 
   ``begin(acc, first_rows)`` takes the layer's references (on the first batch,
   from its first sequence: :func:`offset_profile`, one pass over that
-  sequence's blocks), ``fold(state, start, logits [B, H, R, T], log_z [B, H, R])``
+  sequence's blocks), ``fold(state, start, logits [B, H, R, W], log_z [B, H, R])``
   adds a block (:func:`block_sums`, one head of one sequence at a time), and
   ``end(acc, state)`` adds the sequences' sums to their blocks of ``acc``'s
   slice ``layer``, returning ``(acc, zres [B, H, T], qstats)`` (each
@@ -286,8 +289,9 @@ class LayerFold:
     rows, offsets = self._per_head(block_sums_at(start), logits.astype(jnp.float32), log_z.astype(jnp.float32),
                                    state["ref_s"], state["ref_l"])
     put = lambda whole, x: jax.lax.dynamic_update_slice_in_dim(whole, x, start, axis=2)  # noqa: E731
+    add = lambda whole, x: whole.at[..., :x.shape[-1]].add(x)  # noqa: E731  offsets 0 .. W - 1 of the band
     return {**state, "rows": {k: put(state["rows"][k], v) for k, v in rows.items()},
-            "offsets": {k: state["offsets"][k] + v for k, v in offsets.items()}}
+            "offsets": {k: add(state["offsets"][k], v) for k, v in offsets.items()}}
 
   def end(self, acc: dict, state: dict) -> tuple[dict, jax.Array, dict]:
     part = accumulators.view(acc, self.layer)

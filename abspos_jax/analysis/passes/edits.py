@@ -74,7 +74,7 @@ def sink_ablate(heads: jax.Array) -> dict[str, Edit]:
   """
   edits = {}
   for l in range(heads.shape[0]):
-    def edit(s, l=l):  # s [B, H, R, T]: a block of queries (all T of them, or fewer: hooks.Hooks.query_block)
+    def edit(s, l=l):  # s [B, H, R, W]: a block of queries over keys 0 .. W - 1 (hooks.Hooks.query_block)
       # A query i >= 1 is one that sees a key other than key 0 (itself): a test on its own row, so the edit
       # is the same on any block of queries.
       later = jnp.isfinite(s[..., 1:]).any(-1, keepdims=True)

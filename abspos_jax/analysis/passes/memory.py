@@ -6,11 +6,12 @@ step of the analysis pass allocates beyond the inputs already in memory
 (parameters, accumulators) is ``scratch + outputs - aliased``; it grows
 linearly in the batch size ``B`` (one layer's ``[B, H, T, T]`` logits and the
 forward's activations), so two compilations (``B = 1`` and the largest ``B``)
-give the line and a third confirms the chosen size. Where one sequence does
-not fit, or its ``[H, T, T]`` logits pass :data:`LOGITS_BYTES_CAP`, the
-attention runs in blocks of queries (``attention.query_block_attention``),
-halving the block until it does: the step then grows with ``B * block * T``,
-not ``B * T^2`` (:func:`choose_batch_and_block`).
+give the line and a third confirms the chosen size. The attention runs in
+blocks of queries (``attention.query_block_attention``): the largest block
+whose logits per head stay within :data:`BLOCK_BYTES` (all ``T`` queries at
+short ``T``), halved further while one sequence does not fit or its ``[H,
+block, T]`` logits pass :data:`LOGITS_BYTES_CAP`: the step then grows with
+``B * block * T``, not ``B * T^2`` (:func:`choose_batch_and_block`).
 """
 
 from __future__ import annotations
@@ -46,16 +47,23 @@ LOGITS_BYTES_CAP = 256 * 2**20
 
 MIN_QUERY_BLOCK = 16  # smaller blocks make too many small products to be worth it
 
+# One head's block of logits, [R, T] float32, within this: the fold's dozen passes over it stay in a core's
+# L2 cache (2 MiB here). For the 12 x 768 model at 1,024 tokens it takes R = 256, 1.8x the steady speed of
+# R = T (docs/benchmarks.md, "Query blocks and key bands").
+BLOCK_BYTES = 2**20
 
-def logits_batch_cap(num_heads: int, seq_len: int, block: int | None = None) -> int:
-  """The largest batch whose float32 logits of one block of queries, ``[B, H, block, T]`` (``block`` default
-  ``T``: one layer's), stay within ``LOGITS_BYTES_CAP`` (>= 1)."""
-  return max(1, LOGITS_BYTES_CAP // (num_heads * (block or seq_len) * seq_len * 4))
+
+def logits_batch_cap(num_heads: int, seq_len: int) -> int:
+  """The largest batch whose float32 logits of one layer, ``[B, H, T, T]``, stay within ``LOGITS_BYTES_CAP``
+  (>= 1), whatever the query block: in blocks the batch buys no more speed (the 12 x 768 model at 1,024
+  tokens in blocks of 256: 531 tok/s at 4 sequences, 530 at 8) and its activations cost memory."""
+  return max(1, LOGITS_BYTES_CAP // (num_heads * seq_len * seq_len * 4))
 
 
 def query_blocks(seq_len: int, requested: int | None = None) -> list[int]:
   """The attention blocks to try, largest first: ``requested`` alone (it must divide ``seq_len``), else
-  ``seq_len`` and its halvings down to :data:`MIN_QUERY_BLOCK`."""
+  ``seq_len`` and its halvings down to :data:`MIN_QUERY_BLOCK`, from the first whose ``[block, seq_len]``
+  float32 logits are within :data:`BLOCK_BYTES` (the smallest where none is)."""
   if requested is not None:
     if seq_len % requested:
       raise ValueError(f"query_block (analyze.py --query_block) must divide the sequence length {seq_len}, "
@@ -64,7 +72,17 @@ def query_blocks(seq_len: int, requested: int | None = None) -> list[int]:
   out = [seq_len]
   while out[-1] % 2 == 0 and out[-1] // 2 >= MIN_QUERY_BLOCK:
     out.append(out[-1] // 2)
-  return out
+  return [b for b in out if b * seq_len * 4 <= BLOCK_BYTES] or out[-1:]
+
+
+def even_batch(num_sequences: int, batch: int) -> int:
+  """The largest ``b`` in ``[ceil(batch / 2), batch]`` that divides ``num_sequences``, else ``batch``: a sweep
+  of equal batches compiles one program, where a smaller last batch compiles a second (for the 12 x 768
+  model at 1,024 tokens, 12 s of a 3-minute analysis)."""
+  for b in range(min(batch, num_sequences), (batch + 1) // 2 - 1, -1):
+    if b >= 1 and num_sequences % b == 0:
+      return b
+  return batch
 
 
 class DoesNotFit(ValueError):
@@ -104,18 +122,22 @@ def choose_batch_size(compile_for: Callable[[int], object], max_batch: int, budg
 
 def choose_batch_and_block(compile_for: Callable[[int, int], object], max_batch: int, budget: int,
                            blocks: list[int], num_heads: int, seq_len: int,
-                           what: str = "the analysis step") -> tuple[int, int, int]:
+                           what: str = "the analysis step", num_sequences: int | None = None
+                           ) -> tuple[int, int, int]:
   """``(B, block, bytes)``: the largest block of ``blocks`` (largest first) whose logits for one sequence stay
   within :data:`LOGITS_BYTES_CAP` (the last one otherwise) and whose step fits ``budget`` for one sequence,
-  with the largest batch that then fits (:func:`choose_batch_size`; ``compile_for(B, block)``).
+  with the largest batch that then fits (:func:`choose_batch_size`; ``compile_for(B, block)``), tried first
+  at :func:`even_batch` of ``num_sequences`` when given.
 
   Raises ``ValueError`` before any work when one sequence does not fit at the smallest block.
   """
   within_cap = [b for b in blocks if num_heads * b * seq_len * 4 <= LOGITS_BYTES_CAP] or blocks[-1:]
   for block in within_cap:
     try:
-      batch, used = choose_batch_size(lambda b: compile_for(b, block), min(max_batch, logits_batch_cap(
-          num_heads, seq_len, block)), budget, what=f"{what} in blocks of {block} queries")
+      top = min(max_batch, logits_batch_cap(num_heads, seq_len))
+      batch, used = choose_batch_size(lambda b: compile_for(b, block),
+                                      top if num_sequences is None else even_batch(num_sequences, top), budget,
+                                      what=f"{what} in blocks of {block} queries")
       return batch, block, used
     except DoesNotFit as e:
       last = e

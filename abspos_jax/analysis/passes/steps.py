@@ -53,9 +53,9 @@ class Statistic:
 
 
 def core_points(num_layers: int) -> list[str]:
-  """The points every analysis forward captures: the residual streams and each layer's ``log Z``."""
-  return ([hooks_lib.resid(l) for l in range(num_layers + 1)]
-          + [hooks_lib.attn(l, "log_z") for l in range(num_layers)])
+  """The points every analysis forward captures: the residual streams (the attention statistics are folded
+  as each layer runs, :func:`fold_pass`)."""
+  return [hooks_lib.resid(l) for l in range(num_layers + 1)]
 
 
 class _FoldingHooks(Hooks):
@@ -72,6 +72,9 @@ class _FoldingHooks(Hooks):
   def __init__(self, edits, capture, query_block, design: FEDesign, seq_ids: jax.Array, state: dict):
     super().__init__(edits, capture, query_block)
     self.design, self.seq_ids, self.state, self._fold = design, seq_ids, state, None
+
+  def reads_attention(self, layer: int) -> bool:
+    return True
 
   def attention_fold(self, layer: int, seq_len: int, block: int):
     self._fold = leakage.LayerFold(self.design, layer, self.seq_ids, seq_len, block)
@@ -95,8 +98,10 @@ def forward(model: Decoder, tokens: jax.Array, edits: Mapping[str, Edit] | None 
             extra_points: tuple[str, ...] = (), query_block: int | None = None) -> dict[str, jax.Array]:
   """Run ``model`` on ``tokens [B, T]`` through :class:`Hooks` (``query_block`` queries of attention at a time).
 
-  Returns ``log_z [B, L, H, T]``, ``resid [B, L+1, T, D]`` (float32),
-  ``output [B, T, V]`` and every point of ``extra_points`` under its own name.
+  Returns ``resid [B, L+1, T, D]`` (float32), ``output [B, T, V]`` and
+  every point of ``extra_points`` under its own name. Where no edit or
+  capture reads a layer's attention and ``query_block`` leaves it whole, the
+  layer runs the plain explicit path (``Hooks.reads_attention``).
   """
   return _captures(model, tokens, Hooks(edits, _capture(model, extra_points), query_block), extra_points)
 
@@ -110,7 +115,6 @@ def _captures(model: Decoder, tokens: jax.Array, hooks: Hooks, extra_points: tup
   output = model(tokens, hooks=hooks)
   c = hooks.cache
   return {"output": output,
-          "log_z": jnp.stack([c[hooks_lib.attn(l, "log_z")] for l in range(n)], 1),
           "resid": jnp.stack([c[hooks_lib.resid(l)] for l in range(n + 1)], 1).astype(jnp.float32),
           **{p: c[p] for p in extra_points}}
 
@@ -242,8 +246,9 @@ def closedness_inputs(tokens: jax.Array, k: int, vocab_size: int) -> jax.Array:
 
 
 def _checks(model: Decoder, acc: dict, cap: dict[str, jax.Array], tokens: jax.Array, seq_ids: jax.Array,
-            closedness_sequences: int, query_block: int | None) -> dict:
-  """The closedness check and the loss sums of a batch, given its forward's captures ``cap``.
+            closedness_sequences: int, query_block: int | None, same_path: bool) -> dict:
+  """The closedness check and the loss sums of a batch, given its forward's captures ``cap`` (``same_path``:
+  taken on :func:`forward`'s path, so that they may be one side of the check).
 
   The check runs on the batches that start within the first
   ``closedness_sequences`` sequences (``seq_ids[0] < closedness_sequences``;
@@ -255,7 +260,8 @@ def _checks(model: Decoder, acc: dict, cap: dict[str, jax.Array], tokens: jax.Ar
   sequence, so a few sequences per sweep make the check, and its cost stays
   that of two forwards of ``k`` sequences per sweep, whatever the number of
   batches (at 2,048 tokens a batch may hold one or two sequences). Its
-  forwards run ``query_block`` queries of attention at a time.
+  forwards run ``query_block`` queries of attention at a time (whole: the
+  plain path, which the folding pass does not take).
   """
   # Same x_0, different tokens after it: position 0 must not move. Both sides come from forwards of
   # the same shape: a causal model then gives bitwise-equal h_0, whereas a [k, T] and a [B, T]
@@ -264,7 +270,7 @@ def _checks(model: Decoder, acc: dict, cap: dict[str, jax.Array], tokens: jax.Ar
 
   def check() -> jax.Array:
     other = closedness_inputs(tokens, k, model.spec.vocab_size)
-    same = cap["resid"] if k == tokens.shape[0] else forward(model, tokens[:k], query_block=query_block)["resid"]
+    same = cap["resid"] if k == tokens.shape[0] and same_path else forward(model, tokens[:k], query_block=query_block)["resid"]
     return position0.closedness_max_abs_diff(same, forward(model, other, query_block=query_block)["resid"])
 
   closedness = jax.lax.cond(seq_ids[0] < closedness_sequences, check, lambda: jnp.zeros_like(acc["closedness"]))
@@ -302,7 +308,9 @@ def make_baseline_step(graphdef: nnx.GraphDef, design: FEDesign,
         "probe_resid": probes.update(acc["probe_resid"], probes.rms_normalize(cap["resid"]), seq_ids),
         "probe_attn": probes.update(acc["probe_attn"], jnp.swapaxes(zres, 2, 3), seq_ids),
         "probe_attn_raw": probes.update(acc["probe_attn_raw"], attention_features(qstats), seq_ids),
-        **_checks(model, acc, cap, tokens, seq_ids, closedness_sequences, query_block),
+        # Blocked, the folding pass and forward() run the same attention; whole, forward() takes the plain path.
+        **_checks(model, acc, cap, tokens, seq_ids, closedness_sequences, query_block,
+                  same_path=query_block is not None and query_block < tokens.shape[1]),
     }
     captures = {**{p: cap[p] for p in extra}, "tokens": tokens, "seq_ids": seq_ids}
     out["user"] = {name: stat.update(acc["user"][name], captures) for name, stat in user.items()}
@@ -327,7 +335,7 @@ def make_position0_step(graphdef: nnx.GraphDef, x0_groups: jax.Array | None = No
     cap = forward(model, tokens, query_block=query_block)
     groups = tokens if x0_groups is None else x0_groups[tokens[:, :1]]
     return {"position0": position0.update(acc["position0"], cap["resid"], groups),
-            **_checks(model, acc, cap, tokens, seq_ids, closedness_sequences, query_block)}
+            **_checks(model, acc, cap, tokens, seq_ids, closedness_sequences, query_block, same_path=True)}
 
   return step
 
