@@ -35,6 +35,15 @@ def test_the_batch_holds_at_most_256_mib_of_one_layers_logits():
   assert memory.logits_batch_cap(4, 128) == 1024
 
 
+def test_query_blocks_start_where_a_heads_block_fits_the_cache():
+  """[R, T] float32 per head within 1 MiB, but at least 128 queries: all T up to 512 tokens, 256 at 1,024, 128
+  beyond; then halvings down to 16 for the memory budget; an odd length has only itself; a request alone."""
+  assert memory.query_blocks(16) == [16] and memory.query_blocks(512) == [512, 256, 128, 64, 32, 16]
+  assert memory.query_blocks(1024) == [256, 128, 64, 32, 16] and memory.query_blocks(8192)[:2] == [128, 64]
+  assert memory.query_blocks(999) == [999] and memory.query_blocks(1000) == [250, 125]
+  assert memory.query_blocks(4096, 1024) == [1024]
+
+
 def test_batches_are_cut_equal_where_that_costs_at_most_half_the_batch():
   """32 sequences under a cap of 5 -> 8 batches of 4 (one program, not 5s and a 2); no divisor in [ceil(b/2), b]
   keeps the cap; fewer sequences than the cap -> one batch of all."""

@@ -48,9 +48,12 @@ LOGITS_BYTES_CAP = 256 * 2**20
 MIN_QUERY_BLOCK = 16  # smaller blocks make too many small products to be worth it
 
 # One head's block of logits, [R, T] float32, within this: the fold's dozen passes over it stay in a core's
-# L2 cache (2 MiB here). For the 12 x 768 model at 1,024 tokens it takes R = 256, 1.8x the steady speed of
+# L2 cache (2 MiB here). For the 12 x 768 model at 1,024 tokens it takes R = 256, 1.9x the steady speed of
 # R = T (docs/benchmarks.md, "Query blocks and key bands").
 BLOCK_BYTES = 2**20
+# ... but never fewer queries than this for speed: smaller blocks run more, smaller products (at 4,096 tokens
+# R = 128 ran 1.16x R = 64).
+SPEED_MIN_BLOCK = 128
 
 
 def logits_batch_cap(num_heads: int, seq_len: int) -> int:
@@ -63,7 +66,8 @@ def logits_batch_cap(num_heads: int, seq_len: int) -> int:
 def query_blocks(seq_len: int, requested: int | None = None) -> list[int]:
   """The attention blocks to try, largest first: ``requested`` alone (it must divide ``seq_len``), else
   ``seq_len`` and its halvings down to :data:`MIN_QUERY_BLOCK`, from the first whose ``[block, seq_len]``
-  float32 logits are within :data:`BLOCK_BYTES` (the smallest where none is)."""
+  float32 logits are within :data:`BLOCK_BYTES` or that has at most :data:`SPEED_MIN_BLOCK` queries (the
+  smallest halving where none is: an odd ``seq_len``)."""
   if requested is not None:
     if seq_len % requested:
       raise ValueError(f"query_block (analyze.py --query_block) must divide the sequence length {seq_len}, "
@@ -72,7 +76,7 @@ def query_blocks(seq_len: int, requested: int | None = None) -> list[int]:
   out = [seq_len]
   while out[-1] % 2 == 0 and out[-1] // 2 >= MIN_QUERY_BLOCK:
     out.append(out[-1] // 2)
-  return [b for b in out if b * seq_len * 4 <= BLOCK_BYTES] or out[-1:]
+  return [b for b in out if b * seq_len * 4 <= BLOCK_BYTES or b <= SPEED_MIN_BLOCK] or out[-1:]
 
 
 def even_batch(num_sequences: int, batch: int) -> int:
