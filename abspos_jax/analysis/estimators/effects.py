@@ -108,27 +108,35 @@ def registry(embed: jax.Array, main: str, other_policy: str | None, visible: jax
   return out
 
 
-def _estimates(keep: jax.Array, before: dict, design_before: FEDesign, after: dict, design_after: FEDesign,
-               early_max: int) -> dict:
-  """Each component's covariance before, its change and the fraction removed, from the kept blocks."""
-  b = leakage.finalize(before, design_before, keep, early_max=early_max)
-  a = leakage.finalize(after, design_after, keep, early_max=early_max)
+def _components_kept(keep: jax.Array, acc: dict, design: FEDesign, *, early_max: int) -> dict:
+  """What an effect reads of one pass's ``leakage.finalize`` over the kept blocks: each component's covariance
+  and ``Var(phi_loga)`` (module level, as :func:`intervals.evaluate` calls it: compiled once per design shape,
+  and only these outputs)."""
+  fin = leakage.finalize(acc, design, keep, early_max=early_max)
+  return {prefix + key + scope: fin[prefix + key + scope] for prefix in ("", "early_")
+          for key in (*_COMPONENT_KEYS.values(), "var_phi") for scope in ("_overall", "_layer")}
+
+
+def _leakage_rows(acc: dict, design: FEDesign, early_max: int, num_blocks: int) -> dict:
+  """One pass's :func:`_components_kept` over all blocks, then with each block left out (stacked)."""
+  return intervals.evaluate(_components_kept, num_blocks, acc, design, early_max=early_max)
+
+
+def _effect(before: dict, after: dict) -> dict:
+  """Per row of :func:`_leakage_rows` (all blocks, then each left out): each component's covariance before,
+  its change and the fraction removed, and ``Var(phi_loga)`` before as its scale (on the host)."""
+  before, after = jax.device_get(before), jax.device_get(after)
   out = {}
   for prefix in ("", "early_"):
     for key in _COMPONENT_KEYS.values():
       for scope in ("_overall", "_layer"):
         k = prefix + key + scope
-        out[k + ".before"] = b[k]
-        out[k + ".change"] = a[k] - b[k]
-        out[k + ".removed"] = 1.0 - a[k] / b[k]
-        out[k + ".scale"] = b[prefix + "var_phi" + scope]
+        out[k + ".before"] = before[k]
+        out[k + ".change"] = after[k] - before[k]
+        with np.errstate(divide="ignore", invalid="ignore"):
+          out[k + ".removed"] = 1.0 - after[k] / before[k]
+        out[k + ".scale"] = before[prefix + "var_phi" + scope]
   return out
-
-
-def _effect(before: dict, design_before: FEDesign, after: dict, design_after: FEDesign, early_max: int,
-            num_blocks: int) -> dict:
-  """Per leave-one-block-out: each component's covariance before, its change and the fraction removed."""
-  return intervals.evaluate(_estimates, num_blocks, before, design_before, after, design_after, early_max=early_max)
 
 
 def _effect_entry(ci: dict) -> dict:
@@ -188,16 +196,22 @@ def run(model: Decoder, sequences: Mapping[str, np.ndarray], main: str, visible:
     return sweep(steps[edits_fn], params, acc, toks, options.batch_size, f"intervention[{name}]", source,
                  args=(on, operand), progress=options.progress)
 
+  def rows(acc: dict, on: FEDesign) -> dict:
+    return _leakage_rows(acc, on, options.early_max, options.num_blocks)
+
+  baseline_rows = None  # the main pass's rows, which every intervention without a reference pass shares
   out: dict = {"bos_replace": {}}
   for iv in registry(model.embed[...], main, others[0] if others else None, visible, baseline["sinks"], options):
-    after_design = iv.design or design
-    after = measured(iv.name, iv.edits, iv.operand, after_design)
-    before, before_design = baseline["acc"]["leakage"], design
+    after = measured(iv.name, iv.edits, iv.operand, iv.design or design)
     if iv.reference is not None:
-      before = measured(iv.name + ".reference", iv.edits, iv.reference_operand, iv.reference)["leakage"]
-      before_design = iv.reference
-    ci = intervals.summarize(_effect(before, before_design, after["leakage"], after_design, options.early_max,
-                                     options.num_blocks), baseline["acc"]["leakage"]["n"])
+      before = rows(measured(iv.name + ".reference", iv.edits, iv.reference_operand, iv.reference)["leakage"],
+                    iv.reference)
+    else:
+      if baseline_rows is None:
+        baseline_rows = rows(baseline["acc"]["leakage"], design)
+      before = baseline_rows
+    ci = intervals.summarize(_effect(before, rows(after["leakage"], iv.design or design)),
+                             baseline["acc"]["leakage"]["n"])
     entry = {**_effect_entry(ci), "sink_mass_after": _sink_mass_after(after["denominators"], visible,
                                                                       options.sink_min_query), **iv.info}
     group, _, kind = iv.name.partition(".")
