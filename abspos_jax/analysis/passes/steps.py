@@ -270,7 +270,8 @@ def _checks(model: Decoder, acc: dict, cap: dict[str, jax.Array], tokens: jax.Ar
 
   def check() -> jax.Array:
     other = closedness_inputs(tokens, k, model.spec.vocab_size)
-    same = cap["resid"] if k == tokens.shape[0] and same_path else forward(model, tokens[:k], query_block=query_block)["resid"]
+    reuse = k == tokens.shape[0] and same_path
+    same = cap["resid"] if reuse else forward(model, tokens[:k], query_block=query_block)["resid"]
     return position0.closedness_max_abs_diff(same, forward(model, other, query_block=query_block)["resid"])
 
   closedness = jax.lax.cond(seq_ids[0] < closedness_sequences, check, lambda: jnp.zeros_like(acc["closedness"]))
