@@ -5,7 +5,7 @@ r"""Analyse a trained run, or compare analysed runs.
     python analyze.py --workdir=runs/rope --all_steps [--out=runs/rope/analysis_steps]  # every kept checkpoint
     python analyze.py --compare runs/rope runs/ntk runs/swa [--out=comparison]
     python analyze.py --hf=HF_DIR_OR_GGUF [--out=...] [--seq_len=128] [--bos=TOKEN] [--main_policy=prepend]
-    python analyze.py --hf=... --seq_lens=128,512,2048,8192 [--out=...]  # leakage against context length (or --workdir)
+    python analyze.py --hf=... --seq_lens=128,512,2048,8192:8 [--out=...]  # leakage against context length (or --workdir)
     python analyze.py ... [--data=stdlib_prose | --data=text_files --data_files=GLOB] [--rope_scale=ntk:4 | --window=W]
 
 Writes summary.json, stats.npz, PNG figures and report.md (see docs/analysis.md;
@@ -29,7 +29,8 @@ _HF = flags.DEFINE_string("hf", None, "A local checkpoint to analyse instead of 
                           "holding one); --seq_len defaults to 128 (or max_position_embeddings if shorter).")
 _SEQ_LENS = flags.DEFINE_list("seq_lens", [], "Analyse at each of these lengths into OUT/seq_len_<T>/ and plot the "
                               "components against the context length (OUT default: WORKDIR/analysis_lengths, or "
-                              "--hf's default output with _lengths).")
+                              "--hf's default output with _lengths). T:N analyses N sequences at T tokens (default "
+                              "--num_sequences). A rerun of the same command keeps the lengths already done.")
 # The analysis options (what to analyse, texts, position 0, variants, batch): declared once, in options.py.
 OPTS = options_lib.define_flags()
 # Options --all_steps does not take: it analyses each checkpoint on the run's own texts, unmodified.
@@ -49,8 +50,6 @@ def _check_sources() -> None:
              "checkpoint on the run's own texts, unmodified")
   if _SEQ_LENS.value and (_ALL_STEPS.value or OPTS["seq_len"].value is not None):
     sys.exit("error: --seq_lens analyses one checkpoint at each length; it takes no --seq_len or --all_steps")
-  if not all(t.strip().isdigit() for t in _SEQ_LENS.value):
-    sys.exit(f"error: --seq_lens must be comma-separated token counts, got {','.join(_SEQ_LENS.value)}")
   hf_only = [f"--{f.name}" for f in options_lib.FLAGS
              if f.scope == "hf" and OPTS[f.name].value not in (None, [])]
   if hf_only and not _HF.value:
@@ -88,6 +87,7 @@ def main(argv):
   _check_sources()
   from abspos_jax.analysis import analyze_all_steps, analyze_hf, analyze_lengths, analyze_run
   from abspos_jax.analysis.api import TextChoice, default_hf_out
+  from abspos_jax.analysis.outputs.lengths import parse_seq_lens
   from abspos_jax.variants import Variant, parse_rope_scale
   try:
     o = {name: holder.value for name, holder in OPTS.items()}
@@ -116,10 +116,13 @@ def main(argv):
     if _SEQ_LENS.value:
       out = _OUT.value or (f"{default_hf_out(_HF.value)}_lengths" if _HF.value
                            else f"{_WORKDIR.value}/analysis_lengths")
-      lengths = [int(t) for t in _SEQ_LENS.value]
-      analyze_lengths(lengths, out, lambda t, where: one(seq_len=t, out=where), _HF.value or _WORKDIR.value)
+      pairs = parse_seq_lens(_SEQ_LENS.value)
+      analyze_lengths(pairs, out, lambda t, n, where: one(seq_len=t, out=where, **({} if n is None else
+                                                                                  {"num_sequences": n})),
+                      _HF.value or _WORKDIR.value, request={"hf": _HF.value, "workdir": _WORKDIR.value,
+                                                            "step": _STEP.value, **o})
       if distributed.is_writer():
-        print(f"wrote {out}: seq_len_<T>/ for T in {sorted(set(lengths))}, lengths.json, lengths.png, report.md")
+        print(f"wrote {out}: seq_len_<T>/ for T in {[t for t, _ in pairs]}, lengths.json, lengths.png, report.md")
       return
     result = one()
   except (ValueError, FileNotFoundError, PermissionError) as e:

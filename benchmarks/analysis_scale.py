@@ -46,7 +46,7 @@ from abspos_jax.analysis import analyze
 from abspos_jax.analysis.passes import steps, memory
 from abspos_jax.analysis.estimators import fixed_effects
 from abspos_jax.analysis.options import AnalysisOptions
-from abspos_jax.analysis.core import layer_visible
+from abspos_jax.analysis.core import fingerprint_groups, layer_visible
 from benchmarks import common
 from benchmarks.scaling import best_ms
 from benchmarks.train_throughput import SIZES, size_config
@@ -82,9 +82,12 @@ def child(kind: str, shape: str, seq_len: int, num_sequences: int, repeats: int,
     batch = num_sequences
   else:
     design = fixed_effects.make_design(layer_visible(m.spec, seq_len))
-    acc = steps.init_accumulators(m.spec, seq_len, {}, AnalysisOptions().num_blocks)
+    # One fingerprint group per first token, as analyze() groups them (one per vocabulary entry would hold
+    # SmolLM2's [49,152, L + 1, d_model] sums).
+    num_groups, x0_groups = fingerprint_groups({"tokens": np.asarray(tokens)}, m.spec.vocab_size)
+    acc = steps.init_accumulators(m.spec, seq_len, {}, AnalysisOptions().num_blocks, num_groups)
     budget = memory.available_bytes() // 2
-    step_for = {b: jax.jit(steps.make_baseline_step(graphdef, design, {}, query_block=None if b == seq_len else b),
+    step_for = {b: jax.jit(steps.make_baseline_step(graphdef, design, {}, jnp.asarray(x0_groups), query_block=None if b == seq_len else b),
                            donate_argnums=1) for b in memory.query_blocks(seq_len)}
     batch, block, used = memory.choose_batch_and_block(
         lambda b, block: step_for[block].lower(params, acc, jax.ShapeDtypeStruct((b, seq_len), jnp.int32),

@@ -2,17 +2,24 @@
 
     python -m benchmarks.analysis_throughput [--sizes=tiny,medium] [--num_sequences=128] [--repeats=5]
     python -m benchmarks.analysis_throughput --memory [--sizes=tiny]
+    python -m benchmarks.analysis_throughput --hf=CHECKPOINT --seq_len=1024 [--num_sequences=8] [--batch_size=2]
 
 Ours: the baseline step of :mod:`abspos_jax.analysis.passes.steps` (what
 ``analyze(..., options=AnalysisOptions(interventions=False))`` runs once per
 batch; ``finalize`` is a fixed cost independent of the number of sequences and
-is not timed), jitted once, over all sequences in batches of ``--batch_size``.
+is not timed), jitted once, over all sequences in batches of ``--batch_size``,
+its attention in the query blocks ``analyze`` tries first at that length
+(:func:`abspos_jax.analysis.passes.memory.query_blocks`: whole up to 512 tokens).
 It does more than the reference: besides the statistics the reference keeps it
 runs the closedness check (two forwards of 4 sequences per batch) and
 accumulates both ridge probes and the loss. Reference: :class:`benchmarks.hf_reference.HFAnalysis` on
 the same weights, exported with :func:`abspos_jax.interop.hf.export`. Both
 sides are timed interleaved in one process (see :mod:`benchmarks.common`), and
-their per-query means must agree before anything is timed.
+their per-query means must agree before anything is timed. ``--hf`` runs a
+local checkpoint (a Hugging Face directory or a GGUF file, read by
+:class:`abspos_jax.interop.hf.files.Checkpoint` and exported again so that
+both sides hold the same float32 weights) at ``--seq_len`` instead of
+``--sizes``.
 
 ``--memory`` runs each side in a fresh subprocess per point and reports the
 growth of the peak RSS over the RSS after imports and model loading, as the
@@ -35,9 +42,10 @@ from flax import nnx
 
 from abspos_jax import model as model_lib
 from abspos_jax.analysis.passes import steps
+from abspos_jax.analysis.passes.memory import query_blocks
 from abspos_jax.analysis.estimators import denominators, fixed_effects
 from abspos_jax.analysis.options import AnalysisOptions
-from abspos_jax.analysis.core import layer_visible
+from abspos_jax.analysis.core import fingerprint_groups, layer_visible
 from abspos_jax.interop import hf
 from benchmarks import common, hf_reference
 from benchmarks.train_throughput import SIZES, size_config
@@ -48,19 +56,23 @@ INIT_STD = 0.15  # larger than the training init, so that attention is far from 
 class OursPass:
   """The jitted baseline analysis step, folded over batches of sequences."""
 
-  def __init__(self, model: model_lib.Decoder, seq_len: int, batch_size: int):
+  def __init__(self, model: model_lib.Decoder, tokens: np.ndarray, batch_size: int):
     self.graphdef, self.params = nnx.split(model, nnx.Param)
+    seq_len = tokens.shape[1]
     self.spec, self.seq_len, self.batch_size = model.spec, seq_len, batch_size
     self.visible = layer_visible(model.spec, seq_len)
     design = fixed_effects.make_design(self.visible)
-    groups = np.arange(model.spec.vocab_size, dtype=np.int32)
+    # One fingerprint group per first token of ``tokens``, as analyze() groups them (not one per vocabulary entry).
+    self.num_groups, groups = fingerprint_groups({"tokens": tokens}, model.spec.vocab_size)
+    block = query_blocks(seq_len)[0]
     # Donating the accumulators, as analyze() does (see analysis.orchestrator for the copy below).
-    self.step = jax.jit(steps.make_baseline_step(self.graphdef, design, {}, jnp.asarray(groups)),
+    self.step = jax.jit(steps.make_baseline_step(self.graphdef, design, {}, jnp.asarray(groups),
+                                                 query_block=None if block == seq_len else block),
                         donate_argnums=1)
 
   def run(self, tokens: np.ndarray) -> dict:
     acc = jax.tree.map(jnp.copy, steps.init_accumulators(self.spec, self.seq_len, {},
-                                                                 AnalysisOptions().num_blocks))
+                                                         AnalysisOptions().num_blocks, self.num_groups))
     for start in range(0, len(tokens), self.batch_size):
       stop = min(start + self.batch_size, len(tokens))
       acc = self.step(self.params, acc, jnp.asarray(tokens[start:stop]), jnp.arange(start, stop))
@@ -82,13 +94,19 @@ class HFPass:
     return ref
 
 
-def build(size: str, seq_len: int | None, workdir: str):
-  """Our model of ``size`` (optionally at another ``seq_len``) and its transformers twin."""
+def build(size: str, seq_len: int | None, workdir: str, checkpoint: str = ""):
+  """Our model of ``size`` (optionally at another ``seq_len``), or the local ``checkpoint`` at ``seq_len``,
+  and its transformers twin."""
   import transformers
-  layers, d_model, heads, t, batch = SIZES[size]
-  config = size_config(layers, d_model, heads, seq_len or t, batch, init_std=INIT_STD)
-  ours = model_lib.create(config)
-  out = os.path.join(workdir, f"hf_{size}_{config.data.seq_len}")
+  if checkpoint:
+    ckpt = hf.Checkpoint(checkpoint)
+    config = ckpt.config(seq_len)
+    ours = ckpt.model(config)
+  else:
+    layers, d_model, heads, t, batch = SIZES[size]
+    config = size_config(layers, d_model, heads, seq_len or t, batch, init_std=INIT_STD)
+    ours = model_lib.create(config)
+  out = os.path.join(workdir, f"hf_{size or 'checkpoint'}_{config.data.seq_len}")
   hf.export(config, ours, out)
   ref = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32, attn_implementation="eager")
   return config, ours, ref
@@ -110,15 +128,16 @@ def check_agree(ours: OursPass, ours_acc: dict, ref: hf_reference.HFAnalysis, si
   return worst
 
 
-def bench_size(size: str, num: int, repeats: int, batch_size: int, workdir: str) -> dict:
-  config, model, hf_model = build(size, None, workdir)
+def bench_size(size: str, num: int, repeats: int, batch_size: int, workdir: str, checkpoint: str = "",
+               seq_len: int | None = None) -> dict:
+  config, model, hf_model = build(size, seq_len, workdir, checkpoint)
   t = config.data.seq_len
   tokens = sequences(num, t, config.model.vocab_size)
-  ours, ref = OursPass(model, t, batch_size), HFPass(hf_model, t, batch_size)
+  ours, ref = OursPass(model, tokens, batch_size), HFPass(hf_model, t, batch_size)
   max_diff = check_agree(ours, ours.run(tokens), ref.run(tokens), size)  # also compiles ours
   times = common.interleaved({"ours": lambda: ours.run(tokens), "transformers+numpy": lambda: ref.run(tokens)},
                              repeats)
-  return {"size": size, "num_layers": config.model.num_layers, "d_model": config.model.d_model,
+  return {"size": os.path.basename(checkpoint) or size, "num_layers": config.model.num_layers, "d_model": config.model.d_model,
           "num_heads": config.model.num_heads, "seq_len": t, "num_sequences": num, "batch_size": batch_size,
           "max_abs_diff": max_diff, "tokens_per_s": {k: num * t / common.median(v) for k, v in times.items()},
           "seconds": times}
@@ -132,7 +151,7 @@ def child(side: str, size: str, num: int, seq_len: int, batch_size: int) -> None
     tokens = sequences(num, seq_len, config.model.vocab_size)
     setup = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     if side == "ours":
-      OursPass(model, seq_len, batch_size).run(tokens)
+      OursPass(model, tokens, batch_size).run(tokens)
     else:
       HFPass(hf_model, seq_len, batch_size).run(tokens)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
@@ -166,12 +185,15 @@ def main() -> None:
   p.add_argument("--memory_seq_lens", default="128,256,512")
   p.add_argument("--json", default="", help="write every measurement here")
   p.add_argument("--child", default="", help=argparse.SUPPRESS)
-  p.add_argument("--seq_len", type=int, default=0, help=argparse.SUPPRESS)
+  p.add_argument("--hf", default="", help="a local checkpoint (HF directory or GGUF file) instead of --sizes")
+  p.add_argument("--seq_len", type=int, default=0, help="with --hf: the sequence length (default 1024)")
   args = p.parse_args()
-  sizes = args.sizes.split(",")
+  sizes = [] if args.hf else args.sizes.split(",")
   for s in sizes:
     if s not in SIZES:
       raise SystemExit(f"--sizes: unknown size {s!r}; choose from {sorted(SIZES)}")
+  if args.hf and (args.memory or args.child):
+    raise SystemExit("--hf times the two passes; --memory runs the random --sizes only")
   if args.child:
     return child(args.child, sizes[0], args.num_sequences, args.seq_len, args.batch_size)
   torch.set_num_threads(os.cpu_count())
@@ -190,6 +212,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as workdir:
       for s in sizes:
         record["results"].append(bench_size(s, args.num_sequences, args.repeats, args.batch_size, workdir))
+      if args.hf:
+        record["results"].append(bench_size("", args.num_sequences, args.repeats, args.batch_size, workdir,
+                                            args.hf, args.seq_len or 1024))
     rows = [[r["size"], f'{r["num_layers"]}x{r["d_model"]}, T={r["seq_len"]}, N={r["num_sequences"]}',
              r["tokens_per_s"]["ours"], r["tokens_per_s"]["transformers+numpy"],
              f'{r["tokens_per_s"]["ours"] / r["tokens_per_s"]["transformers+numpy"]:.2f}', f'{r["max_abs_diff"]:.1e}']

@@ -39,7 +39,8 @@ class HFAnalysis:
     cfg = model.config
     self.model = model.eval()
     self.heads, self.layers = cfg.num_attention_heads, cfg.num_hidden_layers
-    self.head_dim = cfg.hidden_size // self.heads
+    self.kv_repeat = self.heads // (getattr(cfg, "num_key_value_heads", None) or self.heads)
+    self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.heads
     self.base = float(cfg.rope_parameters["rope_theta"]) if getattr(cfg, "rope_parameters", None) else cfg.rope_theta
     self.visible = np.tri(seq_len, dtype=bool)
     self.log_v = np.log(self.visible.sum(-1)).astype(np.float32)
@@ -83,6 +84,7 @@ class HFAnalysis:
     a = np.stack([w.numpy() for w in out.attentions], 1)  # [B, L, H, T, T]
     q = np.stack([rope_numpy(self._heads(self.captured[f"{l}.q_proj"]), self.base) for l in range(self.layers)], 1)
     k = np.stack([rope_numpy(self._heads(self.captured[f"{l}.k_proj"]), self.base) for l in range(self.layers)], 1)
+    k = np.repeat(k, self.kv_repeat, axis=2)  # grouped-query attention: KV head j serves query heads j*r .. j*r+r-1
     s = np.where(self.visible, q @ np.swapaxes(k, -1, -2) / np.sqrt(self.head_dim), -np.inf)
     m = s.max(-1, keepdims=True)
     log_z = (m + np.log(np.exp(s - m).sum(-1, keepdims=True)))[..., 0]

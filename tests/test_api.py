@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from abspos_jax.analysis import analyze_lengths, analyze_run
+from abspos_jax.analysis.outputs.lengths import parse_seq_lens
 from abspos_jax.data import BOS_ID
 from helpers import FAST, ROOT, hooked_run, multihost_reference
 
@@ -60,21 +61,28 @@ def test_cli_bad_inputs_write_nothing(run_dir, tmp_path):
   fails(f"--workdir={run_dir}", "--num_sequences=0", f"--out={tmp_path / 'b'}", match="--num_sequences must be >= 2")
   fails(f"--workdir={run_dir}", "--seq_len=64", f"--out={tmp_path / 'c'}", match="longer than the 16 tokens")
   fails(f"--workdir={run_dir}", "--seq_lens=8,16k", f"--out={tmp_path / 'd'}",
-        match="--seq_lens must be comma-separated token counts, got 8,16k")
+        match="--seq_lens takes token counts T or T:N (N sequences at T tokens), e.g. 128,512,8192:8; got '16k'")
   (tmp_path / "file").write_text("x")
   fails(f"--workdir={run_dir}", f"--out={tmp_path / 'file' / 'analysis'}", match="cannot write there")
   assert sorted(os.listdir(tmp_path)) == ["file"]
 
 
 def test_leakage_against_context_length(run_dir, tmp_path):
-  """``analyze_lengths``: the run analysed at 8 and 16 tokens, each a full analysis, then lengths.json, the figure
-  and the table, every share with its interval."""
-  out = tmp_path / "lengths"
-  records = analyze_lengths([16, 8, 16], str(out), lambda t, where: analyze_run(
-      run_dir, out=where, num_sequences=8, seq_len=t, options=FAST), source=str(run_dir))
-  assert [r["seq_len"] for r in records] == [8, 16]
-  for t in (8, 16):
-    assert json.loads((out / f"seq_len_{t}" / "summary.json").read_text())["seq_len"] == t
+  """``analyze_lengths``: the run analysed at 8 (6 sequences) and 16 tokens (8), each a full analysis, then
+  lengths.json, the figure and the table, every share with its interval; a rerun of the same request keeps both
+  lengths, another request analyses them again."""
+  out, calls = tmp_path / "lengths", []
+
+  def analyse(t, n, where):
+    calls.append((t, n))
+    return analyze_run(run_dir, out=where, num_sequences=n or 8, seq_len=t, options=FAST)
+
+  pairs = parse_seq_lens(["16", "8:6", "16"])
+  assert pairs == [(8, 6), (16, None)]
+  records = analyze_lengths(pairs, str(out), analyse, source=str(run_dir), request={"num_sequences": 8})
+  assert calls == [(8, 6), (16, None)] and [r["seq_len"] for r in records] == [8, 16]
+  for t, n in ((8, 6), (16, 8)):
+    assert json.loads((out / f"seq_len_{t}" / "summary.json").read_text())["num_sequences"] == n
   saved = json.loads((out / "lengths.json").read_text())
   assert saved["source"] == str(run_dir) and [r["seq_len"] for r in saved["lengths"]] == [8, 16]
   for r in saved["lengths"]:
@@ -82,10 +90,21 @@ def test_leakage_against_context_length(run_dir, tmp_path):
     assert lo <= r["residual_stream_share"] <= hi and len(r["log_z_slope_layer"]) == 2
   table = [l for l in (out / "report.md").read_text().splitlines() if l.startswith("| 8 |") or l.startswith("| 16 |")]
   assert len(table) == 2 and all(l.count(" [") >= 6 for l in table), table  # six shares and scores with intervals
+  assert table[0].startswith("| 8 | 6 |") and table[1].startswith("| 16 | 8 |")  # the sequences per length
   from PIL import Image
   assert Image.open(out / "lengths.png").size[0] > 1000
-  with pytest.raises(ValueError, match="--seq_lens must be lengths >= 2"):
-    analyze_lengths([1], str(tmp_path / "none"), None, source="x")
+  assert analyze_lengths(pairs, str(out), analyse, source=str(run_dir), request={"num_sequences": 8}) == records
+  assert len(calls) == 2  # the same request: both lengths kept
+  analyze_lengths([(8, 6)], str(out), analyse, source=str(run_dir), request={"num_sequences": 4})
+  assert calls[2:] == [(8, 6)]  # another request: analysed again
+
+
+def test_seq_lens_are_checked():
+  assert parse_seq_lens([" 512:4", "128"]) == [(128, None), (512, 4)]
+  for bad, match in ((["1"], "lengths >= 2"), (["64:1"], ">= 2 sequences"), (["8x"], "T or T:N"),
+                     (["64:4", "64:8"], "64 tokens twice, with 4 and 8 sequences"), ([], "at least one length")):
+    with pytest.raises(ValueError, match=match):
+      parse_seq_lens(bad)
 
 
 @pytest.mark.slow

@@ -3,10 +3,11 @@ evaluation sequences, analyse, write the files."""
 
 import dataclasses
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
+from jax.experimental import multihost_utils
 import ml_collections
 import numpy as np
 from flax import nnx
@@ -173,23 +174,43 @@ def analyze_all_steps(workdir: str, *, out: str | None = None, num_sequences: in
   return records
 
 
-def analyze_lengths(seq_lens: Sequence[int], out: str, analyse: Callable[[int, str], AnalysisResult],
-                    source: str) -> list[dict]:
-  """Analyse one checkpoint at each of ``seq_lens``; returns one ``lengths.length_record`` per length.
+def analyze_lengths(seq_lens: Sequence[tuple[int, int | None]], out: str,
+                    analyse: Callable[[int, int | None, str], AnalysisResult], source: str,
+                    request: Mapping | None = None) -> list[dict]:
+  """Analyse one checkpoint at each length; returns one ``lengths.length_record`` per length.
 
-  ``analyse(seq_len, out)`` runs and writes the analysis at one length
-  (``analyze_run`` or ``analyze_hf`` with everything else fixed) into
-  ``OUT/seq_len_<T>/``; then ``OUT/lengths.json``, ``OUT/lengths.png`` (each
-  leakage component, the leakage share, the sinks and the slope of ``log
-  Z`` against the context length, with their intervals) and ``OUT/report.md``
-  (the same as a table). ``source`` names the checkpoint in the figure and
-  the report. The longest lengths run in blocks of queries within the memory
-  budget (``AnalysisOptions.query_block``).
+  ``seq_lens`` holds ``(T, N)`` pairs (:func:`lengths.parse_seq_lens`): N
+  sequences at T tokens, None for the caller's default (long contexts cost
+  more per sequence). ``analyse(seq_len, num_sequences, out)`` runs and
+  writes the analysis at one length (``analyze_run`` or ``analyze_hf`` with
+  everything else fixed) into ``OUT/seq_len_<T>/``; then ``OUT/lengths.json``,
+  ``OUT/lengths.png`` (each leakage component, the leakage share, the sinks
+  and the slope of ``log Z`` against the context length, with their
+  intervals) and ``OUT/report.md`` (the same as a table). ``source`` names the
+  checkpoint in the figure and the report. The longest lengths run in blocks
+  of queries within the memory budget (``AnalysisOptions.query_block``).
+
+  ``request`` (what the caller was asked for besides the lengths: the CLI's
+  flags) is written to ``OUT/request.json`` first. A rerun with the same
+  request keeps each length whose ``summary.json`` is already there, for the
+  same T and N and by the same code (:func:`lengths.kept`), so a sweep killed
+  at its longest length resumes there.
   """
-  lengths = sorted({int(t) for t in seq_lens})
-  if not lengths or lengths[0] < 2:
-    raise ValueError(f"--seq_lens must be lengths >= 2, got {list(seq_lens)}")
-  records = [lengths_lib.length_record(t, analyse(t, storage.join(out, f"seq_len_{t}")).summary) for t in lengths]
+  pairs = lengths_lib.check_seq_lens(seq_lens)
+  request = {"source": source, **(request or {})}
+  request_path = storage.join(out, "request.json")
+  same_request = storage.path(request_path).exists() and storage.read_json(request_path) == request
+  if jax.process_count() > 1:  # every process reads the old request before process 0 replaces it
+    multihost_utils.sync_global_devices("analyze_lengths: request read")
+  if jax.process_index() == 0:
+    storage.makedirs(out)
+    storage.write_json(request_path, request)
+  summaries = {}
+  for t, n in pairs:
+    where = storage.join(out, f"seq_len_{t}")
+    summaries[t] = (same_request and lengths_lib.kept(storage.join(where, writer.MARKER), t, n)) or \
+        analyse(t, n, where).summary
+  records = [lengths_lib.length_record(t, s) for t, s in summaries.items()]
   if jax.process_index() == 0:
     lengths_lib.write_lengths(out, records, source)
   return records

@@ -1,11 +1,15 @@
 """Leakage against context length: one checkpoint analysed at several sequence lengths (``analyze.py --seq_lens``).
 
-:func:`length_record` condenses the analysis at one length (its
+:func:`parse_seq_lens` reads ``--seq_lens`` (``T`` or ``T:N``: N sequences at
+T tokens); :func:`kept` says whether a length's earlier analysis can be kept
+on a rerun; :func:`length_record` condenses the analysis at one length (its
 ``summary.json``) into the numbers that ``lengths.json`` tracks, with their
 intervals; :func:`write_lengths` writes ``lengths.json``, ``lengths.png`` (each
 component against the context length, with error bars) and ``report.md`` (the
 same numbers as a table) for every analysed length.
 """
+
+from collections.abc import Sequence
 
 import matplotlib
 
@@ -13,12 +17,51 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from abspos_jax import storage  # noqa: E402
+from abspos_jax import provenance, storage  # noqa: E402
 from abspos_jax.analysis.outputs import schema  # noqa: E402
 from abspos_jax.analysis.outputs.curves import plot_ci, plot_record_panels, summary_record  # noqa: E402
 from abspos_jax.analysis.outputs.report import with_interval  # noqa: E402
 
 SLOPE = (*schema.DENOMINATORS, "log_z_slope_layer")
+
+
+def parse_seq_lens(texts: Sequence[str]) -> list[tuple[int, int | None]]:
+  """``["128", "8192:8"]`` -> ``[(128, None), (8192, 8)]``, checked by :func:`check_seq_lens`."""
+  pairs = []
+  for text in texts:
+    t, _, n = text.strip().partition(":")
+    if not t.isdigit() or not (n.isdigit() or not n):
+      raise ValueError(f"--seq_lens takes token counts T or T:N (N sequences at T tokens), e.g. "
+                       f"128,512,8192:8; got {text!r}")
+    pairs.append((int(t), int(n) if n else None))
+  return check_seq_lens(pairs)
+
+
+def check_seq_lens(pairs: Sequence[tuple[int, int | None]]) -> list[tuple[int, int | None]]:
+  """The ``(T, N)`` pairs sorted by T, repeats dropped; T >= 2 and N >= 2 (or None), one N per T, else a
+  ValueError naming ``--seq_lens``."""
+  by_len: dict[int, int | None] = {}
+  for t, n in pairs:
+    if t < 2 or (n is not None and n < 2):
+      raise ValueError(f"--seq_lens must be lengths >= 2, each with >= 2 sequences; got {t}:{n}")
+    if by_len.get(t, n) != n:
+      raise ValueError(f"--seq_lens gives {t} tokens twice, with {by_len[t]} and {n} sequences")
+    by_len[t] = n
+  if not by_len:
+    raise ValueError("--seq_lens must name at least one length")
+  return sorted(by_len.items())
+
+
+def kept(path: str, seq_len: int, num_sequences: int | None) -> dict | None:
+  """The ``summary.json`` at ``path`` if it is complete and analysed ``seq_len`` tokens (and ``num_sequences``
+  sequences, unless None) with today's estimators and code, else None: what a rerun of the same request keeps."""
+  if not storage.path(path).exists():
+    return None
+  s = storage.read_json(path)
+  same_code = provenance.codes(s.get("meta", {}))["analysed"] == {provenance.code_id(provenance.code())}
+  ok = (s.get("estimators") == schema.ESTIMATORS and s.get("seq_len") == seq_len and same_code
+        and num_sequences in (None, s.get("num_sequences")))
+  return s if ok else None
 
 
 def length_record(seq_len: int, summary: dict) -> dict:
@@ -28,7 +71,8 @@ def length_record(seq_len: int, summary: dict) -> dict:
   main = schema.get(summary, schema.MAIN_POLICY)
   return {"seq_len": int(seq_len), **summary_record(summary),
           "log_z_slope_layer": schema.get(summary, SLOPE), "log_z_slope_layer_ci": schema.interval(summary, SLOPE),
-          "loss": schema.get(summary, (*schema.LOSS, main)), "batch_size": summary.get("batch_size"),
+          "loss": schema.get(summary, (*schema.LOSS, main)), "num_sequences": summary.get("num_sequences"),
+          "batch_size": summary.get("batch_size"),
           "query_block": summary.get("memory", {}).get("query_block")}
 
 
@@ -72,14 +116,14 @@ def _report(records: list[dict], source: str) -> str:
            "delete-one-block jackknife intervals. Shares are of the query-position leakage of log a (causal mask "
            "+ residual stream = 1); early queries are 1 <= i < early_max.", "",
            "![components against context length](lengths.png)", "",
-           "| tokens | causal-mask share | residual-stream share | early: causal mask | early: residual stream | "
+           "| tokens | sequences | causal-mask share | residual-stream share | early: causal mask | early: residual stream | "
            "leakage share | largest sink score | sink rate (max layer) | slope of log Z (mean over layers; per "
            "layer with intervals in the figure) | loss (main policy) |",
-           "|---|---|---|---|---|---|---|---|---|---|"]
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
   for r in records:
     slope = _values(r["log_z_slope_layer"])
     loss = "" if r["loss"] is None else f"{r['loss']:.3f}"
-    lines.append(f"| {r['seq_len']} | {ci(r, 'causal_mask_share')} | {ci(r, 'residual_stream_share')} | "
+    lines.append(f"| {r['seq_len']} | {r.get('num_sequences')} | {ci(r, 'causal_mask_share')} | {ci(r, 'residual_stream_share')} | "
                  f"{ci(r, 'causal_mask_share_early')} | {ci(r, 'residual_stream_share_early')} | "
                  f"{ci(r, 'leakage_share')} | {ci(r, 'sink_score_max')} | "
                  f"{np.nanmax(_values(r['sink_rate'])):.2f} | {np.nanmean(slope):.3f} | {loss} |")
