@@ -134,6 +134,11 @@ class Decoder(nnx.Module):
 
   def __call__(self, tokens: jax.Array, *, hooks: Hooks | None = None) -> jax.Array:
     """Logits for ``tokens [B, T]`` at positions ``0 .. T-1``; see :mod:`abspos_jax.hooks` for points."""
+    return self.logits(self.features(tokens, hooks=hooks))
+
+  def features(self, tokens: jax.Array, *, hooks: Hooks | None = None) -> jax.Array:
+    """The final-normed residual stream that the head reads, ``[B, T, D]``: the model without :meth:`logits`
+    (which the analysis's loss applies a chunk of tokens at a time, ``loss.chunked_lm_loss``)."""
     point = hooks if hooks is not None else (lambda _, v: v)
     spec = self.spec
     if hooks is not None:
@@ -145,7 +150,11 @@ class Decoder(nnx.Module):
     h = point(hooks_lib.resid(0), h)
     for l, block in enumerate(self.blocks):
       h = point(hooks_lib.resid(l + 1), block(h, positions, hooks=hooks, layer=l))
-    h = self.final_norm(h)
+    return self.final_norm(h)
+
+  def logits(self, h: jax.Array) -> jax.Array:
+    """The output head, ``h [B, T, D] -> [B, T, V]`` (the embedding when tied)."""
+    spec = self.spec
     if spec.tie_embeddings:  # contract with [V, D] as stored: XLA CPU has no bf16 kernel for the transposed form
       return precision.einsum("btd,vd->btv", h, self.embed[...], spec.dtype)
     return precision.einsum("btd,dv->btv", h, self.unembed[...], spec.dtype)

@@ -30,10 +30,13 @@ from abspos_jax.analysis.estimators.fixed_effects import FEDesign
 from abspos_jax import hooks as hooks_lib
 from abspos_jax.hooks import Edit, Hooks
 from abspos_jax.model import Decoder
-from abspos_jax.loss import lm_loss
+from abspos_jax.loss import chunked_lm_loss
 
 # Attention features the attention-pattern probe reads, per head.
 ATTENTION_FEATURES = ("log_z", "entropy", "sink_mass", "max_weight")
+# Tokens of logits the loss makes at a time: [B, 512, V] is 100 MB per sequence for a 49,152-token vocabulary,
+# where a whole [B, T, V] at 16,384 tokens is 3.2 GB.
+LOSS_CHUNK = 512
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,7 +101,8 @@ def forward(model: Decoder, tokens: jax.Array, edits: Mapping[str, Edit] | None 
             extra_points: tuple[str, ...] = (), query_block: int | None = None) -> dict[str, jax.Array]:
   """Run ``model`` on ``tokens [B, T]`` through :class:`Hooks` (``query_block`` queries of attention at a time).
 
-  Returns ``resid [B, L+1, T, D]`` (float32), ``output [B, T, V]`` and
+  Returns ``resid [B, L+1, T, D]`` (float32), ``features [B, T, D]`` (what the head reads:
+  ``Decoder.features``; the loss makes the logits from it in chunks) and
   every point of ``extra_points`` under its own name. Where no edit or
   capture reads a layer's attention and ``query_block`` leaves it whole, the
   layer runs the plain explicit path (``Hooks.reads_attention``).
@@ -112,9 +116,9 @@ def _capture(model: Decoder, extra_points: tuple[str, ...]) -> set[str]:
 
 def _captures(model: Decoder, tokens: jax.Array, hooks: Hooks, extra_points: tuple[str, ...]) -> dict:
   n = model.spec.num_layers
-  output = model(tokens, hooks=hooks)
+  features = model.features(tokens, hooks=hooks)
   c = hooks.cache
-  return {"output": output,
+  return {"features": features,
           "resid": jnp.stack([c[hooks_lib.resid(l)] for l in range(n + 1)], 1).astype(jnp.float32),
           **{p: c[p] for p in extra_points}}
 
@@ -277,7 +281,8 @@ def _checks(model: Decoder, acc: dict, cap: dict[str, jax.Array], tokens: jax.Ar
   closedness = jax.lax.cond(seq_ids[0] < closedness_sequences, check, lambda: jnp.zeros_like(acc["closedness"]))
   n = tokens.shape[0] * (tokens.shape[1] - 1)
   return {"closedness": jnp.maximum(acc["closedness"], closedness),
-          "loss_sum": acc["loss_sum"] + lm_loss(cap["output"][:, :-1], tokens[:, 1:]) * n,
+          "loss_sum": acc["loss_sum"] + chunked_lm_loss(model.logits, cap["features"][:, :-1], tokens[:, 1:],
+                                                        LOSS_CHUNK) * n,
           "loss_count": acc["loss_count"] + n}
 
 
