@@ -75,6 +75,11 @@ def code() -> dict:
   return {"git_commit": commit, "git_dirty": dirty, "package_version": version}
 
 
+# Read when the package is imported: the record names the code this process loaded, not the checkout at the time a
+# result is written (an hour-long analysis outlives edits and commits made beside it).
+code()
+
+
 def code_id(entry: Mapping | None) -> str:
   """A short name of the code of a provenance entry (or of a ``code()`` dict)."""
   if not entry:
