@@ -13,9 +13,11 @@ and folds the batch into the same sufficient statistics our pass keeps:
   half of the sequences (``[L, H, 2, T, T]`` each);
 * position 0: summed norms of ``h_0^l`` and of the other positions' states.
 
-Batches are folded in as they come (never the whole cache), which is the
-memory-friendly way to write it; the attention tensors of one batch,
-``[L, B, H, T, T]``, still come to the host.
+Batches are folded in as they come (never the whole cache), and each batch
+layer by layer, which is the memory-friendly way to write it; the attention
+tensors of one batch, ``[L, B, H, T, T]``, still come to the host, and the
+per-cell sums are ``[L, H, 2, T, T]`` (4 of them: 9 GB for SmolLM2-135M at
+1,024 tokens).
 """
 
 import numpy as np
@@ -63,41 +65,44 @@ class HFAnalysis:
     b, t, _ = x.shape
     return x.view(b, t, -1, self.head_dim).transpose(1, 2).numpy()
 
-  def _fold(self, name: str, x: np.ndarray, half: np.ndarray | None = None) -> None:
-    """Add ``x [B, ...]`` about a reference fixed at the first batch (as our accumulators do)."""
+  def _fold(self, name: str, layer: int, x: np.ndarray, half: np.ndarray | None = None) -> None:
+    """Add layer ``layer``'s ``x [B, H, ...]`` about a reference fixed at the first batch (as our accumulators do)."""
     acc = self.acc
-    if name not in acc["ref"]:
-      acc["ref"][name] = x.mean(0)
-    y = x - acc["ref"][name]
+    key = (name, layer)
+    if key not in acc["ref"]:
+      acc["ref"][key] = x.mean(0)
+    y = x - acc["ref"][key]
     if half is None:
-      acc["s1"][name] += y.sum(0)
-      acc["s2"][name] += (y * y).sum(0)
+      acc["s1"][name][layer] += y.sum(0)
+      acc["s2"][name][layer] += (y * y).sum(0)
     else:
       for k in (0, 1):
-        acc["s1"][name][:, :, k] += y[half == k].sum(0)
-        acc["s2"][name][:, :, k] += (y[half == k] ** 2).sum(0)
+        acc["s1"][name][layer, :, k] += y[half == k].sum(0)
+        acc["s2"][name][layer, :, k] += (y[half == k] ** 2).sum(0)
 
   def update(self, tokens: np.ndarray, seq_ids: np.ndarray) -> None:
+    """Fold one batch in, layer by layer (one layer's ``[B, H, T, T]`` arrays at a time besides the attentions
+    transformers returns)."""
     with torch.inference_mode():
       out = self.model(torch.from_numpy(tokens.astype(np.int64)), output_attentions=True,
                        output_hidden_states=True)
-    a = np.stack([w.numpy() for w in out.attentions], 1)  # [B, L, H, T, T]
-    q = np.stack([rope_numpy(self._heads(self.captured[f"{l}.q_proj"]), self.base) for l in range(self.layers)], 1)
-    k = np.stack([rope_numpy(self._heads(self.captured[f"{l}.k_proj"]), self.base) for l in range(self.layers)], 1)
-    k = np.repeat(k, self.kv_repeat, axis=2)  # grouped-query attention: KV head j serves query heads j*r .. j*r+r-1
-    s = np.where(self.visible, q @ np.swapaxes(k, -1, -2) / np.sqrt(self.head_dim), -np.inf)
-    m = s.max(-1, keepdims=True)
-    log_z = (m + np.log(np.exp(s - m).sum(-1, keepdims=True)))[..., 0]
-    log_a = np.where(self.visible, s - log_z[..., None], 0.0)
-    a = np.where(self.visible, a, 0.0)
-    self._fold("log_z", log_z)
-    self._fold("excess", log_z - self.log_v)
-    self._fold("entropy", -(a * log_a).sum(-1))
-    self._fold("max_weight", a.max(-1))
-    self._fold("sink_mass", a[..., 0])
     half = seq_ids % 2
-    self._fold("s", np.where(self.visible, s, 0.0), half)
-    self._fold("loga", log_a, half)
+    for l in range(self.layers):
+      q = rope_numpy(self._heads(self.captured[f"{l}.q_proj"]), self.base)
+      # Grouped-query attention: KV head j serves query heads j*r .. j*r+r-1.
+      k = np.repeat(rope_numpy(self._heads(self.captured[f"{l}.k_proj"]), self.base), self.kv_repeat, axis=1)
+      s = np.where(self.visible, q @ np.swapaxes(k, -1, -2) / np.sqrt(self.head_dim), -np.inf)
+      m = s.max(-1, keepdims=True)
+      log_z = (m + np.log(np.exp(s - m).sum(-1, keepdims=True)))[..., 0]
+      log_a = np.where(self.visible, s - log_z[..., None], 0.0)
+      a = np.where(self.visible, out.attentions[l].numpy(), 0.0)
+      self._fold("log_z", l, log_z)
+      self._fold("excess", l, log_z - self.log_v)
+      self._fold("entropy", l, -(a * log_a).sum(-1))
+      self._fold("max_weight", l, a.max(-1))
+      self._fold("sink_mass", l, a[..., 0])
+      self._fold("s", l, np.where(self.visible, s, 0.0), half)
+      self._fold("loga", l, log_a, half)
     norms = np.linalg.norm(np.stack([h.numpy() for h in out.hidden_states], 1), axis=-1)  # [B, L+1, T]
     self.acc["pos0_norm"] += norms[:, :, 0].sum(0)
     self.acc["rest_norm"] += norms[:, :, 1:].mean(-1).sum(0)
@@ -106,7 +111,7 @@ class HFAnalysis:
   def means(self) -> dict[str, np.ndarray]:
     """Mean over sequences of each per-query quantity, ``[L, H, T]``, and ``pos0_norm [L+1]``."""
     n = self.acc["n"]
-    out = {q: self.acc["s1"][q] / n + self.acc["ref"][q]
+    out = {q: self.acc["s1"][q] / n + np.stack([self.acc["ref"][(q, l)] for l in range(self.layers)])
            for q in ("log_z", "excess", "entropy", "max_weight", "sink_mass")}
     out["pos0_norm"] = self.acc["pos0_norm"] / n
     return out
