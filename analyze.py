@@ -12,6 +12,7 @@ Writes summary.json, stats.npz, PNG figures and report.md (see docs/analysis.md;
 --hf: docs/interop.md; --all_steps and the emergence curves of --compare: docs/emergence.md).
 """
 
+import os
 import sys
 
 from absl import app, flags, logging
@@ -54,6 +55,13 @@ def _check_sources() -> None:
              if f.scope == "hf" and OPTS[f.name].value not in (None, [])]
   if hf_only and not _HF.value:
     sys.exit(f"error: {', '.join(hf_only)} apply to --hf checkpoints (a run's BOS is its data.bos)")
+
+
+def _source_label(o: dict) -> str:
+  """How lengths.png and report.md name what was analysed: the checkpoint's file or directory name, then the texts
+  and the variant when given (``SmolLM2-135M-Instruct.Q4_1.gguf, data stdlib_prose, rope_scale ntk:2``)."""
+  name = os.path.basename(os.path.normpath(_HF.value or _WORKDIR.value))
+  return ", ".join([name] + [f"{k} {o[k]}" for k in ("data", "rope_scale", "window") if o[k] is not None])
 
 
 def _print_headline(out: str, s: dict) -> None:
@@ -119,8 +127,8 @@ def main(argv):
       pairs = parse_seq_lens(_SEQ_LENS.value)
       analyze_lengths(pairs, out, lambda t, n, where: one(seq_len=t, out=where, **({} if n is None else
                                                                                   {"num_sequences": n})),
-                      _HF.value or _WORKDIR.value, request={"hf": _HF.value, "workdir": _WORKDIR.value,
-                                                            "step": _STEP.value, **o})
+                      _source_label(o), request={"hf": _HF.value, "workdir": _WORKDIR.value, "step": _STEP.value,
+                                                 **o})
       if distributed.is_writer():
         print(f"wrote {out}: seq_len_<T>/ for T in {[t for t, _ in pairs]}, lengths.json, lengths.png, report.md")
       return

@@ -20,6 +20,8 @@ per-cell sums are ``[L, H, 2, T, T]`` (4 of them: 9 GB for SmolLM2-135M at
 1,024 tokens).
 """
 
+import math
+
 import numpy as np
 import torch
 
@@ -91,7 +93,8 @@ class HFAnalysis:
       q = rope_numpy(self._heads(self.captured[f"{l}.q_proj"]), self.base)
       # Grouped-query attention: KV head j serves query heads j*r .. j*r+r-1.
       k = np.repeat(rope_numpy(self._heads(self.captured[f"{l}.k_proj"]), self.base), self.kv_repeat, axis=1)
-      s = np.where(self.visible, q @ np.swapaxes(k, -1, -2) / np.sqrt(self.head_dim), -np.inf)
+      # A Python float keeps the logits float32 (NumPy 2 promotes float32 / np.float64 to float64).
+      s = np.where(self.visible, q @ np.swapaxes(k, -1, -2) * (1.0 / math.sqrt(self.head_dim)), -np.inf)
       m = s.max(-1, keepdims=True)
       log_z = (m + np.log(np.exp(s - m).sum(-1, keepdims=True)))[..., 0]
       log_a = np.where(self.visible, s - log_z[..., None], 0.0)

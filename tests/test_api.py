@@ -99,6 +99,21 @@ def test_leakage_against_context_length(run_dir, tmp_path):
   assert calls[2:] == [(8, 6)]  # another request: analysed again
 
 
+def test_cli_leakage_against_context_length(run_dir, tmp_path):
+  """``analyze.py --seq_lens=8:2``: the flags to request.json, one length of 2 sequences, named by the run's
+  directory and texts in lengths.json and report.md."""
+  out = tmp_path / "lengths"
+  r = subprocess.run([sys.executable, "analyze.py", f"--workdir={run_dir}", "--seq_lens=8:2", f"--out={out}",
+                      "--data=synthetic", "--skip_interventions", "--closedness_sequences=1"], cwd=ROOT,
+                     capture_output=True, text=True, timeout=600)
+  assert r.returncode == 0, r.stderr[-3000:]
+  assert json.loads((out / "request.json").read_text())["skip_interventions"] is True
+  saved = json.loads((out / "lengths.json").read_text())
+  label = f"{os.path.basename(run_dir)}, data synthetic"
+  assert saved["source"] == label and [(x["seq_len"], x["num_sequences"]) for x in saved["lengths"]] == [(8, 2)]
+  assert (out / "report.md").read_text().startswith(f"# Leakage against context length: {label}\n")
+
+
 def test_seq_lens_are_checked():
   assert parse_seq_lens([" 512:4", "128"]) == [(128, None), (512, 4)]
   for bad, match in ((["1"], "lengths >= 2"), (["64:1"], ">= 2 sequences"), (["8x"], "T or T:N"),
