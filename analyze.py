@@ -5,7 +5,7 @@ r"""Analyse a trained run, or compare analysed runs.
     python analyze.py --workdir=runs/rope --all_steps [--out=runs/rope/analysis_steps]  # every kept checkpoint
     python analyze.py --compare runs/rope runs/ntk runs/swa [--out=comparison]
     python analyze.py --hf=HF_DIR_OR_GGUF [--out=...] [--seq_len=128] [--bos=TOKEN] [--main_policy=prepend]
-    python analyze.py --hf=... --seq_lens=128,512,2048,8192:8 [--out=...]  # leakage against context length (or --workdir)
+    python analyze.py --hf=... --seq_lens=128,512,2048,8192:8 [--out=...]  # against context length (or --workdir)
     python analyze.py ... [--data=stdlib_prose | --data=text_files --data_files=GLOB] [--rope_scale=ntk:4 | --window=W]
 
 Writes summary.json, stats.npz, PNG figures and report.md (see docs/analysis.md;

@@ -87,7 +87,8 @@ def child(kind: str, shape: str, seq_len: int, num_sequences: int, repeats: int,
     num_groups, x0_groups = fingerprint_groups({"tokens": np.asarray(tokens)}, m.spec.vocab_size)
     acc = steps.init_accumulators(m.spec, seq_len, {}, AnalysisOptions().num_blocks, num_groups)
     budget = memory.available_bytes() // 2
-    step_for = {b: jax.jit(steps.make_baseline_step(graphdef, design, {}, jnp.asarray(x0_groups), query_block=None if b == seq_len else b),
+    step_for = {b: jax.jit(steps.make_baseline_step(graphdef, design, {}, jnp.asarray(x0_groups),
+                                                    query_block=None if b == seq_len else b),
                            donate_argnums=1) for b in memory.query_blocks(seq_len)}
     batch, block, used = memory.choose_batch_and_block(
         lambda b, block: step_for[block].lower(params, acc, jax.ShapeDtypeStruct((b, seq_len), jnp.int32),

@@ -137,7 +137,8 @@ def bench_size(size: str, num: int, repeats: int, batch_size: int, workdir: str,
   max_diff = check_agree(ours, ours.run(tokens), ref.run(tokens), size)  # also compiles ours
   times = common.interleaved({"ours": lambda: ours.run(tokens), "transformers+numpy": lambda: ref.run(tokens)},
                              repeats)
-  return {"size": os.path.basename(checkpoint) or size, "num_layers": config.model.num_layers, "d_model": config.model.d_model,
+  return {"size": os.path.basename(checkpoint) or size, "num_layers": config.model.num_layers,
+          "d_model": config.model.d_model,
           "num_heads": config.model.num_heads, "seq_len": t, "num_sequences": num, "batch_size": batch_size,
           "max_abs_diff": max_diff, "tokens_per_s": {k: num * t / common.median(v) for k, v in times.items()},
           "seconds": times}

@@ -116,14 +116,16 @@ def _report(records: list[dict], source: str) -> str:
            "delete-one-block jackknife intervals. Shares are of the query-position leakage of log a (causal mask "
            "+ residual stream = 1); early queries are 1 <= i < early_max.", "",
            "![components against context length](lengths.png)", "",
-           "| tokens | sequences | causal-mask share | residual-stream share | early: causal mask | early: residual stream | "
+           "| tokens | sequences | causal-mask share | residual-stream share | early: causal mask | "
+           "early: residual stream | "
            "leakage share | largest sink score | sink rate (max layer) | slope of log Z (mean over layers; per "
            "layer with intervals in the figure) | loss (main policy) |",
            "|---|---|---|---|---|---|---|---|---|---|---|"]
   for r in records:
     slope = _values(r["log_z_slope_layer"])
     loss = "" if r["loss"] is None else f"{r['loss']:.3f}"
-    lines.append(f"| {r['seq_len']} | {r.get('num_sequences')} | {ci(r, 'causal_mask_share')} | {ci(r, 'residual_stream_share')} | "
+    lines.append(f"| {r['seq_len']} | {r.get('num_sequences')} | {ci(r, 'causal_mask_share')} | "
+                 f"{ci(r, 'residual_stream_share')} | "
                  f"{ci(r, 'causal_mask_share_early')} | {ci(r, 'residual_stream_share_early')} | "
                  f"{ci(r, 'leakage_share')} | {ci(r, 'sink_score_max')} | "
                  f"{np.nanmax(_values(r['sink_rate'])):.2f} | {np.nanmean(slope):.3f} | {loss} |")
