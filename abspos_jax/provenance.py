@@ -154,6 +154,11 @@ def codes(meta: Mapping) -> dict[str, set[str]]:
   return {"trained": trained, "analysed": {code_id(p.get("analysis"))}}
 
 
+def analysed_here(meta: Mapping) -> bool:
+  """Whether a summary's ``meta`` was analysed by the code this process runs (what a rerun may keep)."""
+  return codes(meta)["analysed"] == {code_id(code())}
+
+
 def mixed(metas: Mapping[str, Mapping]) -> list[str]:
   """Warnings, one per kind (trained, analysed), when the runs ``{name: summary meta}`` differ in the code that
   trained or analysed them; each lists which runs used which code. Empty when they agree."""

@@ -133,7 +133,7 @@ def _previous(path: str, workdir: str, step: int, num_sequences: int, split: str
     return None
   m = s.get("meta", {})
   same_options = {**m.get("options", {}), "progress": None} == {**dataclasses.asdict(options), "progress": None}
-  same_code = provenance.codes(m)["analysed"] == {provenance.code_id(provenance.code())}
+  same_code = provenance.analysed_here(m)
   return s if (m.get("workdir"), m.get("step"), m.get("split"), s.get("num_sequences"), s.get("seq_len"),
                same_options, same_code) == (storage.absolute(workdir), step, split, num_sequences, seq_len, True,
                                             True) else None

@@ -58,8 +58,8 @@ def kept(path: str, seq_len: int, num_sequences: int | None) -> dict | None:
   if not storage.path(path).exists():
     return None
   s = storage.read_json(path)
-  same_code = provenance.codes(s.get("meta", {}))["analysed"] == {provenance.code_id(provenance.code())}
-  ok = (s.get("estimators") == schema.ESTIMATORS and s.get("seq_len") == seq_len and same_code
+  ok = (s.get("estimators") == schema.ESTIMATORS and s.get("seq_len") == seq_len
+        and provenance.analysed_here(s.get("meta", {}))
         and num_sequences in (None, s.get("num_sequences")))
   return s if ok else None
 
