@@ -11,7 +11,7 @@ is not timed), jitted once, over all sequences in batches of ``--batch_size``,
 its attention in the query blocks ``analyze`` tries first at that length
 (:func:`abspos_jax.analysis.passes.memory.query_blocks`: whole up to 512 tokens).
 It does more than the reference: besides the statistics the reference keeps it
-runs the closedness check (two forwards of 4 sequences per batch) and
+runs the closedness check (two forwards of up to 4 sequences of the first batch) and
 accumulates both ridge probes and the loss. Reference: :class:`benchmarks.hf_reference.HFAnalysis` on
 the same weights, exported with :func:`abspos_jax.interop.hf.export`. Both
 sides are timed interleaved in one process (see :mod:`benchmarks.common`), and
@@ -20,6 +20,12 @@ local checkpoint (a Hugging Face directory or a GGUF file, read by
 :class:`abspos_jax.interop.hf.files.Checkpoint` and exported again so that
 both sides hold the same float32 weights) at ``--seq_len`` instead of
 ``--sizes``.
+
+At SmolLM2's size the two sides do not fit in one process at 1,024 tokens
+(the reference's per-cell sums alone are 9 GB there), so ``--hf`` runs each
+side in a fresh subprocess, one after the other: its first pass compiles
+and writes its per-query means (compared in the parent), then ``--repeats``
+timed passes; the table adds each side's peak RSS.
 
 ``--memory`` runs each side in a fresh subprocess per point and reports the
 growth of the peak RSS over the RSS after imports and model loading, as the
@@ -159,6 +165,50 @@ def child(side: str, size: str, num: int, seq_len: int, batch_size: int) -> None
   print(json.dumps({"setup_rss": setup, "peak_rss": peak}))
 
 
+def timed_child(side: str, checkpoint: str, num: int, seq_len: int, batch_size: int, repeats: int,
+                means_file: str) -> None:
+  """One side of ``--hf``: a first pass (compiles; its per-query means go to ``means_file``), then ``repeats``
+  timed passes; prints ``{"seconds": [...], "peak_rss": bytes}``."""
+  torch.set_num_threads(os.cpu_count())
+  with tempfile.TemporaryDirectory() as workdir:
+    config, model, hf_model = build("", seq_len, workdir, checkpoint)
+    tokens = sequences(num, seq_len, config.model.vocab_size)
+    if side == "ours":
+      del hf_model
+      ours = OursPass(model, tokens, batch_size)
+      run, means = lambda: ours.run(tokens), ours.means
+    else:
+      del model
+      ref = HFPass(hf_model, seq_len, batch_size)
+      run, means = lambda: ref.run(tokens), lambda r: r.means()
+    np.savez(means_file, **{k: np.asarray(v) for k, v in means(run()).items()})
+    seconds = common.interleaved({side: run}, repeats)[side]
+  print(json.dumps({"seconds": seconds, "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
+
+
+def bench_checkpoint(checkpoint: str, num: int, repeats: int, batch_size: int, seq_len: int, workdir: str) -> dict:
+  """``--hf``: each side in its own subprocess (:func:`timed_child`), their means compared here."""
+  out, means = {}, {}
+  for side in ("ours", "transformers+numpy"):
+    means_file = os.path.join(workdir, f"{side}.npz")
+    cmd = [sys.executable, "-m", "benchmarks.analysis_throughput", f"--child={side}", f"--hf={checkpoint}",
+           f"--num_sequences={num}", f"--seq_len={seq_len}", f"--batch_size={batch_size}",
+           f"--repeats={repeats}", f"--means_file={means_file}"]
+    out[side] = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.splitlines()[-1])
+    means[side] = dict(np.load(means_file))
+  worst = max(float(np.max(np.abs(means["ours"][q] - means["transformers+numpy"][q])))
+              for q in ("log_z", "entropy", "max_weight", "sink_mass"))
+  if worst > 1e-3:
+    raise AssertionError(f"{checkpoint}: ours and the transformers reference disagree by {worst}")
+  config = hf.Checkpoint(checkpoint).config(seq_len)
+  return {"size": os.path.basename(checkpoint), "num_layers": config.model.num_layers,
+          "d_model": config.model.d_model, "num_heads": config.model.num_heads, "seq_len": seq_len,
+          "num_sequences": num, "batch_size": batch_size, "max_abs_diff": worst,
+          "tokens_per_s": {k: num * seq_len / common.median(v["seconds"]) for k, v in out.items()},
+          "seconds": {k: v["seconds"] for k, v in out.items()},
+          "peak_rss_gib": {k: v["peak_rss"] / 2**30 for k, v in out.items()}}
+
+
 def memory(size: str, batch_size: int, nums: list[int], lens: list[int]) -> list[dict]:
   points = [(n, SIZES[size][3]) for n in nums] + [(nums[0], t) for t in lens if t != SIZES[size][3]]
   rows = []
@@ -188,13 +238,17 @@ def main() -> None:
   p.add_argument("--child", default="", help=argparse.SUPPRESS)
   p.add_argument("--hf", default="", help="a local checkpoint (HF directory or GGUF file) instead of --sizes")
   p.add_argument("--seq_len", type=int, default=0, help="with --hf: the sequence length (default 1024)")
+  p.add_argument("--means_file", default="", help=argparse.SUPPRESS)
   args = p.parse_args()
   sizes = [] if args.hf else args.sizes.split(",")
   for s in sizes:
     if s not in SIZES:
       raise SystemExit(f"--sizes: unknown size {s!r}; choose from {sorted(SIZES)}")
-  if args.hf and (args.memory or args.child):
+  if args.hf and args.memory:
     raise SystemExit("--hf times the two passes; --memory runs the random --sizes only")
+  if args.child and args.hf:
+    return timed_child(args.child, args.hf, args.num_sequences, args.seq_len, args.batch_size, args.repeats,
+                       args.means_file)
   if args.child:
     return child(args.child, sizes[0], args.num_sequences, args.seq_len, args.batch_size)
   torch.set_num_threads(os.cpu_count())
@@ -214,13 +268,16 @@ def main() -> None:
       for s in sizes:
         record["results"].append(bench_size(s, args.num_sequences, args.repeats, args.batch_size, workdir))
       if args.hf:
-        record["results"].append(bench_size("", args.num_sequences, args.repeats, args.batch_size, workdir,
-                                            args.hf, args.seq_len or 1024))
+        record["results"].append(bench_checkpoint(args.hf, args.num_sequences, args.repeats, args.batch_size,
+                                                  args.seq_len or 1024, workdir))
     rows = [[r["size"], f'{r["num_layers"]}x{r["d_model"]}, T={r["seq_len"]}, N={r["num_sequences"]}',
              r["tokens_per_s"]["ours"], r["tokens_per_s"]["transformers+numpy"],
              f'{r["tokens_per_s"]["ours"] / r["tokens_per_s"]["transformers+numpy"]:.2f}', f'{r["max_abs_diff"]:.1e}']
             for r in record["results"]]
     header = ["size", "shape", "ours tok/s", "transformers+NumPy tok/s", "ours / reference", "max |diff|"]
+    if args.hf:
+      rows = [r + [" / ".join(f"{x:.1f}" for x in record["results"][-1]["peak_rss_gib"].values())] for r in rows]
+      header.append("peak RSS GiB (ours / reference)")
   record["machine_after"] = {"load_avg": [round(x, 2) for x in os.getloadavg()]}
   print(f'machine: {record["machine"]}')
   print(common.markdown_table(header, rows))

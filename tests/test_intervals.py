@@ -23,3 +23,11 @@ def test_jackknife_of_a_mean_is_the_standard_error():
   # An empty block is not left out; a statistic that breaks without a block has no interval.
   ci = intervals.summarize(intervals.evaluate(lambda keep: 1.0 / keep[0], 3), np.array([1, 1, 0]))
   assert np.isnan(ci["se"]) and ci["value"] == 1.0
+
+
+def test_blocks_for_keeps_every_sequences_block():
+  for k in (2, 16):
+    for n in range(1, 40):
+      b = intervals.blocks_for(n, k)
+      assert b % 2 == 0 and b <= k and all(i % b == i % k for i in range(n)), (n, k, b)
+  assert [intervals.blocks_for(n, 16) for n in (1, 4, 5, 16, 40)] == [2, 4, 6, 16, 16]

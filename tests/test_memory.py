@@ -36,10 +36,12 @@ def test_the_batch_holds_at_most_256_mib_of_one_layers_logits():
 
 
 def test_query_blocks_start_where_a_heads_block_fits_the_cache():
-  """[R, T] float32 per head within 1 MiB, but at least 128 queries: all T up to 512 tokens, 256 at 1,024, 128
-  beyond; then halvings down to 16 for the memory budget; an odd length has only itself; a request alone."""
+  """[R, T] float32 per head within 2 MiB, and all T or at least 4 blocks (every key band): all T up to 512
+  tokens, 256 at 1,024 and 2,048, 128 at 4,096, 64 at 8,192; then halvings down to 16 for the memory budget; an
+  odd length has only itself; a request alone."""
   assert memory.query_blocks(16) == [16] and memory.query_blocks(512) == [512, 256, 128, 64, 32, 16]
-  assert memory.query_blocks(1024) == [256, 128, 64, 32, 16] and memory.query_blocks(8192)[:2] == [128, 64]
+  assert memory.query_blocks(1024) == [256, 128, 64, 32, 16] and memory.query_blocks(2048)[0] == 256
+  assert memory.query_blocks(4096)[0] == 128 and memory.query_blocks(8192) == [64, 32, 16]
   assert memory.query_blocks(999) == [999] and memory.query_blocks(1000) == [250, 125]
   assert memory.query_blocks(4096, 1024) == [1024]
 

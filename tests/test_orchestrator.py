@@ -157,3 +157,19 @@ def test_denominator_picture_carries_jackknife_intervals():
   # the same means as the [layer, head, query] arrays in stats.npz
   np.testing.assert_allclose(d["excess_mean_layer"], r.stats["excess"].mean((1, 2)), rtol=1e-5)
   np.testing.assert_allclose(d["sink_mass_mean_layer"], r.stats["sink_mass"][:, :, 1:].mean((1, 2)), rtol=1e-5)
+
+
+def test_fewer_sequences_than_blocks_allocate_fewer_blocks_with_the_same_numbers(monkeypatch):
+  """6 sequences with num_blocks 16: sequence i is in block i % 6 == i % 16, so 6 blocks give every number of
+  the summary 16 blocks give (10 of them empty), with accumulators and jackknife evaluations 6/16 the size."""
+  from abspos_jax.analysis.estimators import intervals
+  m = model_lib.create(small_config())
+  seqs = sequences(n=6)
+  options = AnalysisOptions(batch_size=6, num_blocks=16, progress=False)
+  few = analyze(m, seqs, options=options).summary
+  assert few["intervals"]["num_blocks"] == 6 and few["intervals"]["nonempty_blocks"] == 6
+  monkeypatch.setattr(intervals, "blocks_for", lambda n, k: k)  # every block of the request, as before
+  every = analyze(m, seqs, options=options).summary
+  assert every["intervals"]["num_blocks"] == 16 and every["intervals"]["nonempty_blocks"] == 6
+  numbers = lambda s: summary_numbers({**s, "intervals": None})  # noqa: E731  all but the blocks allocated
+  np.testing.assert_allclose(numbers(few), numbers(every), rtol=1e-5, atol=1e-6, equal_nan=True)

@@ -35,7 +35,7 @@ class AnalysisOptions:
   probe_ridge: float = 1e-2
   interventions: bool = True
   bos_replace_token: int = 10  # the "another token" of bos_replace: newline
-  closedness_sequences: int = 4  # how many sequences per sweep (the first ones) the closedness check reruns
+  closedness_sequences: int = 4  # at most this many of the sweep's first batch rerun by the closedness check
   num_blocks: int = 16  # sequence blocks (seq_id % num_blocks) of the cross-fit halves and the jackknife
   progress: bool = True
 
@@ -103,8 +103,8 @@ FLAGS = (
          "start); the batch size is the largest that fits.", "float"),
     Flag("query_block", None, "Queries per block of each layer's attention (must divide --seq_len); default: "
          "all of them when a batch fits --memory_budget_gb, else the largest power of two that fits.", "int"),
-    Flag("closedness_sequences", 4, "Sequences per sweep (the first ones) the position-0 closedness check reruns.",
-         "int"),
+    Flag("closedness_sequences", 4, "At most this many sequences of each sweep's first batch are rerun by the "
+         "position-0 closedness check.", "int"),
     Flag("skip_interventions", False, "Skip the intervention sweep.", "bool", sweep_default=False),
     Flag("rope_scale", None, "ntk:ALPHA: analyse the checkpoint with its RoPE base scaled NTK-aware (an "
          "inference-time variant; the unmodified model's loss is reported too).", "string"),

@@ -134,6 +134,7 @@ def analyze(model: Decoder, sequences: Mapping[str, np.ndarray], *, main: str = 
   statistics = dict(statistics or {})
   options.validate()
   _check_inputs(model.spec, sequences, main)
+  options = dataclasses.replace(options, num_blocks=intervals.blocks_for(len(sequences[main]), options.num_blocks))
   visible = core.layer_visible(model.spec, sequences[main].shape[1])
   design = fixed_effects.make_design(visible)
   finals, options, step_memory = _passes(model, sequences, main, statistics, visible, design, options)

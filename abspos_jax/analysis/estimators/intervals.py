@@ -34,6 +34,14 @@ def _t_quantile(p: float, df):
   return scipy.special.stdtrit(df, p)
 
 
+def blocks_for(num_sequences: int, num_blocks: int) -> int:
+  """The blocks an analysis of ``num_sequences`` allocates: ``num_blocks``, or the least even number
+  ``>= num_sequences`` when that is fewer. Sequence ``i < num_sequences`` falls in block ``i % K`` either way,
+  so the halves, the non-empty blocks and every interval are the same, while the accumulators and the
+  ``K + 1`` jackknife evaluations shrink with ``K`` (4 sequences: 4 blocks where 16 would leave 12 empty)."""
+  return min(num_blocks, num_sequences + num_sequences % 2)
+
+
 def keep_masks(num_blocks: int) -> jax.Array:
   """``[K + 1, K]``: all blocks, then all but block ``k`` for each ``k``."""
   ones = jnp.ones((1, num_blocks), jnp.float32)

@@ -21,6 +21,8 @@ from collections.abc import Callable
 
 import jax
 
+from abspos_jax import attention
+
 GiB = 2**30
 
 
@@ -47,13 +49,11 @@ LOGITS_BYTES_CAP = 256 * 2**20
 
 MIN_QUERY_BLOCK = 16  # smaller blocks make too many small products to be worth it
 
-# One head's block of logits, [R, T] float32, within this: the fold's dozen passes over it stay in a core's
-# L2 cache (2 MiB here). For the 12 x 768 model at 1,024 tokens it takes R = 256, 1.9x the steady speed of
-# R = T (docs/benchmarks.md, "Query blocks and key bands").
-BLOCK_BYTES = 2**20
-# ... but never fewer queries than this for speed: smaller blocks run more, smaller products (at 4,096 tokens
-# R = 128 ran 1.16x R = 64).
-SPEED_MIN_BLOCK = 128
+# One head's block of logits, [R, T] float32, within this: the fold's dozen passes over it stay near a core's
+# L2 cache (2 MiB here). Steady speed of SmolLM2's shape (30 x 576, 9 heads) against R: at 8,192 tokens R = 64
+# (2 MiB) ran 1.29x R = 128 (4 MiB) and 1.13x R = 32 (1 MiB); at 4,096 tokens R = 128 (2 MiB) ran 1.08x R = 64
+# (docs/benchmarks.md, "Query blocks and key bands").
+BLOCK_BYTES = 2 * 2**20
 
 
 def logits_batch_cap(num_heads: int, seq_len: int) -> int:
@@ -66,8 +66,10 @@ def logits_batch_cap(num_heads: int, seq_len: int) -> int:
 def query_blocks(seq_len: int, requested: int | None = None) -> list[int]:
   """The attention blocks to try, largest first: ``requested`` alone (it must divide ``seq_len``), else
   ``seq_len`` and its halvings down to :data:`MIN_QUERY_BLOCK`, from the first whose ``[block, seq_len]``
-  float32 logits are within :data:`BLOCK_BYTES` or that has at most :data:`SPEED_MIN_BLOCK` queries (the
-  smallest halving where none is: an odd ``seq_len``)."""
+  float32 logits are within :data:`BLOCK_BYTES` and that is all ``seq_len`` queries or makes at least
+  ``attention.KEY_BANDS`` blocks (the smallest halving where none is: an odd ``seq_len``). The second
+  condition keeps every key band: at 1,024 tokens R = 256 (4 bands, 0.625 of the causal work) ran 1.2x R = 512
+  (2 bands, 0.75)."""
   if requested is not None:
     if seq_len % requested:
       raise ValueError(f"query_block (analyze.py --query_block) must divide the sequence length {seq_len}, "
@@ -76,7 +78,8 @@ def query_blocks(seq_len: int, requested: int | None = None) -> list[int]:
   out = [seq_len]
   while out[-1] % 2 == 0 and out[-1] // 2 >= MIN_QUERY_BLOCK:
     out.append(out[-1] // 2)
-  return [b for b in out if b * seq_len * 4 <= BLOCK_BYTES or b <= SPEED_MIN_BLOCK] or out[-1:]
+  fits = [b for b in out if b * seq_len * 4 <= BLOCK_BYTES and (b == seq_len or b * attention.KEY_BANDS <= seq_len)]
+  return out[out.index(fits[0]):] if fits else out[-1:]
 
 
 def even_batch(num_sequences: int, batch: int) -> int:

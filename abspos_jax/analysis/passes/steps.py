@@ -254,16 +254,16 @@ def _checks(model: Decoder, acc: dict, cap: dict[str, jax.Array], tokens: jax.Ar
   """The closedness check and the loss sums of a batch, given its forward's captures ``cap`` (``same_path``:
   taken on :func:`forward`'s path, so that they may be one side of the check).
 
-  The check runs on the batches that start within the first
-  ``closedness_sequences`` sequences (``seq_ids[0] < closedness_sequences``;
-  the others skip it under a ``lax.cond``): it takes the batch's first ``k =
+  The check runs on the sweep's first batch (the one holding sequence 0; the
+  others skip it under a ``lax.cond``): it takes that batch's first ``k =
   min(closedness_sequences, B)`` sequences, runs them as they are and with
   every token after position 0 changed (:func:`closedness_inputs`), and keeps
   the largest change of ``h_0`` per layer; with ``k = B`` the batch's own
   forward is the first of the two. A causal leak moves ``h_0`` on any
-  sequence, so a few sequences per sweep make the check, and its cost stays
-  that of two forwards of ``k`` sequences per sweep, whatever the number of
-  batches (at 2,048 tokens a batch may hold one or two sequences). Its
+  sequence, so a few sequences make the check, and its cost is at most two
+  forwards of one batch per sweep (one where the batch's forward is reused),
+  whatever the number of batches: at 8,192 tokens a batch holds one
+  sequence, and checking 4 would cost 4 forwards per policy. Its
   forwards run ``query_block`` queries of attention at a time (whole: the
   plain path, which the folding pass does not take).
   """
@@ -278,7 +278,7 @@ def _checks(model: Decoder, acc: dict, cap: dict[str, jax.Array], tokens: jax.Ar
     same = cap["resid"] if reuse else forward(model, tokens[:k], query_block=query_block)["resid"]
     return position0.closedness_max_abs_diff(same, forward(model, other, query_block=query_block)["resid"])
 
-  closedness = jax.lax.cond(seq_ids[0] < closedness_sequences, check, lambda: jnp.zeros_like(acc["closedness"]))
+  closedness = jax.lax.cond(seq_ids[0] == 0, check, lambda: jnp.zeros_like(acc["closedness"]))
   n = tokens.shape[0] * (tokens.shape[1] - 1)
   return {"closedness": jnp.maximum(acc["closedness"], closedness),
           "loss_sum": acc["loss_sum"] + chunked_lm_loss(model.logits, cap["features"][:, :-1], tokens[:, 1:],
