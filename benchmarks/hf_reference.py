@@ -49,10 +49,6 @@ class HFAnalysis:
     self.visible = np.tri(seq_len, dtype=bool)
     self.log_v = np.log(self.visible.sum(-1)).astype(np.float32)
     self.captured: dict[str, torch.Tensor] = {}
-    for l, layer in enumerate(model.model.layers):
-      for name in ("q_proj", "k_proj"):
-        getattr(layer.self_attn, name).register_forward_hook(
-            lambda mod, inp, out, key=f"{l}.{name}": self.captured.__setitem__(key, out.detach()))
     t, L, H = seq_len, self.layers, self.heads
     self.acc = {"n": 0, "ref": {}, "s1": {}, "s2": {},
                 "pos0_norm": np.zeros(L + 1), "rest_norm": np.zeros(L + 1)}
@@ -85,9 +81,18 @@ class HFAnalysis:
   def update(self, tokens: np.ndarray, seq_ids: np.ndarray) -> None:
     """Fold one batch in, layer by layer (one layer's ``[B, H, T, T]`` arrays at a time besides the attentions
     transformers returns)."""
-    with torch.inference_mode():
-      out = self.model(torch.from_numpy(tokens.astype(np.int64)), output_attentions=True,
-                       output_hidden_states=True)
+    # Hooks for this forward only: a hook left on the shared model would keep this object (and its
+    # gigabytes of sums) alive after the caller drops it.
+    handles = [getattr(layer.self_attn, name).register_forward_hook(
+        lambda mod, inp, out, key=f"{l}.{name}": self.captured.__setitem__(key, out.detach()))
+        for l, layer in enumerate(self.model.model.layers) for name in ("q_proj", "k_proj")]
+    try:
+      with torch.inference_mode():
+        out = self.model(torch.from_numpy(tokens.astype(np.int64)), output_attentions=True,
+                         output_hidden_states=True)
+    finally:
+      for h in handles:
+        h.remove()
     half = seq_ids % 2
     for l in range(self.layers):
       q = rope_numpy(self._heads(self.captured[f"{l}.q_proj"]), self.base)
