@@ -1,13 +1,15 @@
 """Interventions: the edits (analysis/passes/edits.py) and their effects (analysis/estimators/effects.py) on models
 with known answers."""
 
+import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from abspos_jax import model as model_lib
 from abspos_jax.analysis import AnalysisOptions, analyze
 from abspos_jax.data import BOS_ID
 from conftest import small_config
-from helpers import FAST, sequences, zero_qk
+from helpers import FAST, mask, sequences, zero_qk
 
 
 def test_interventions_with_known_answers():
@@ -53,3 +55,22 @@ def test_bos_replace_needs_a_bos():
                options=AnalysisOptions(batch_size=6, progress=False)).summary["interventions"]
   assert set(iv["bos_replace"]) == {"skipped"} and "position 0 holds a text token" in iv["bos_replace"]["skipped"]
   assert "residual_stream_change" in iv["pos0_patch"] and "residual_stream_change" in iv["sink_ablate"]
+
+
+@pytest.mark.parametrize("windows", [(None, None, None), (3, None, 3)])
+def test_sink_designs_equal_the_designs_of_the_whole_cells(windows):
+  """sink_ablate's per-head designs, assembled from each distinct layer mask's, equal make_design of the
+  [L, H, T, T] cells (and of the cells over the model's keys), field by field, for one mask and for windowed
+  layers beside global ones."""
+  from abspos_jax.analysis.estimators import effects, fixed_effects
+  from abspos_jax.analysis.passes import edits
+  t = 12
+  layers = [mask(t, w) for w in windows]
+  visible = jnp.asarray(layers[0] if len(set(windows)) == 1 else np.stack(layers))
+  heads = np.array([[True, False], [False, False], [True, True]])
+  cells = edits.sink_cells(visible, heads)
+  whole = (fixed_effects.make_design(cells), fixed_effects.make_design(cells, keys=fixed_effects.layer_mask(visible)))
+  for got, want in zip(effects.sink_designs(visible, heads), whole):
+    for name, a, b in zip(fixed_effects.FEDesign._fields, got, want):
+      assert a.shape == b.shape and a.dtype == b.dtype, name
+      np.testing.assert_array_equal(a, b, err_msg=name)

@@ -81,6 +81,33 @@ def _sink_ablate(model: Decoder, tokens: jax.Array, source: jax.Array, heads: ja
   return edits.sink_ablate(heads)
 
 
+def sink_designs(visible: jax.Array, heads: np.ndarray) -> tuple[FEDesign, FEDesign]:
+  """``sink_ablate``'s designs per head, ``[L, H]`` fields: the ablated pass's, where the ablated heads
+  normalise over their cells (:func:`edits.sink_cells`), and the reference pass's, the same cells normalised
+  over the model's keys (key 0 included). Equal to ``make_design(sink_cells(visible, heads))`` and
+  ``make_design(cells, keys=layer_mask(visible))``, but assembled from the three designs of each distinct
+  layer mask (kept, ablated, ablated over the model's keys): ``O(T^2)`` host work per distinct mask and
+  ``O(L H T)`` memory, where the ``[L, H, T, T]`` cells are 17 GB for SmolLM2 at 8,192 tokens."""
+  heads = np.asarray(heads, bool)
+  vis = np.asarray(visible, bool)
+  layers = [vis] * heads.shape[0] if vis.ndim == 2 else list(vis)
+  per_mask: dict[bytes, tuple[FEDesign, ...]] = {}
+  tags = []
+  for m in layers:
+    tags.append(m.tobytes() if vis.ndim == 3 else b"")
+    if tags[-1] not in per_mask:
+      cells = np.asarray(edits.sink_cells(m, np.ones((1, 1), bool)))[0, 0]
+      per_mask[tags[-1]] = (fixed_effects.make_design(m), fixed_effects.make_design(cells),
+                            fixed_effects.make_design(cells, keys=m))
+
+  def assemble(ablated: int) -> FEDesign:
+    pick = [[per_mask[tag][ablated if a else 0] for a in row] for tag, row in zip(tags, heads)]
+    return FEDesign(*(jnp.asarray(np.stack([np.stack([np.asarray(d[f]) for d in row]) for row in pick]))
+                      for f in range(len(FEDesign._fields))))
+
+  return assemble(1), assemble(2)
+
+
 def registry(embed: jax.Array, main: str, other_policy: str | None, visible: jax.Array, sink: dict,
              options: AnalysisOptions) -> list[Intervention]:
   """The interventions of one analysis: BOS replacement (under ``main == "prepend"`` only: elsewhere position 0
@@ -95,11 +122,9 @@ def registry(embed: jax.Array, main: str, other_policy: str | None, visible: jax
             "position-0 stream of the next sequence")
   out.append(Intervention("pos0_patch", _pos0_patch, info={"source": source}))
   heads, rule = sink_ablate_heads(sink)
-  cells = edits.sink_cells(visible, heads)
+  design, reference = sink_designs(visible, heads)
   out.append(Intervention(
-      "sink_ablate", _sink_ablate, jnp.asarray(heads, bool),
-      design=fixed_effects.make_design(cells),  # the ablated heads normalise over the cells ...
-      reference=fixed_effects.make_design(cells, keys=fixed_effects.layer_mask(visible)),  # ... and over key 0
+      "sink_ablate", _sink_ablate, jnp.asarray(heads, bool), design=design, reference=reference,
       reference_operand=jnp.zeros(heads.shape, bool),
       info={"heads": [[int(l), int(h)] for l, h in zip(*np.nonzero(heads))], "heads_rule": rule,
             "cells": "per head, the same cells before and after: the model's mask, without key 0 for queries i >= 1 "

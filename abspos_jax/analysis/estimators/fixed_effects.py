@@ -96,10 +96,11 @@ def _skew_mask(mask: np.ndarray, name: str) -> np.ndarray:
     raise ValueError(f"{name} must be causal (keys j <= i only)")
   if not np.diagonal(mask).all():
     raise ValueError(f"every query must see itself (the diagonal of {name} must be True)")
-  i = np.arange(t)[:, None]
-  d = np.arange(t)[None, :]
-  sk = (i - d >= 0) & mask[np.broadcast_to(i, (t, t)), np.clip(i - d, 0, t - 1)]
-  return sk
+  # sk[i, d] = mask[i, i - d] (False for d > i) by :func:`skew`'s strided copy: bool [T, 2T] at most, where
+  # fancy indexing would build int64 [T, T] indices (512 MiB each at 8,192 tokens).
+  z = np.zeros((t, 2 * t), bool)
+  z[:, :t] = mask[:, ::-1]
+  return np.ascontiguousarray(z.reshape(-1)[:t * (2 * t - 1)].reshape(t, 2 * t - 1)[:, t - 1:])
 
 
 def _design_arrays(visible: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, ...]:
@@ -117,7 +118,7 @@ def _design_arrays(visible: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, .
   key_count = key_valid.sum(1)
   if not (key_valid == (d < key_count[:, None])).all():
     raise ValueError("the keys of every query must be contiguous and end at the query itself")
-  ref_valid = key_valid & (i - d >= 1)
+  ref_valid = key_valid & (d < i)
   empty = ~ref_valid.any(0)
   used = np.isin(np.arange(t), key_count - 1)
   ref_valid[t - 1, empty & used & key_valid[t - 1]] = True
