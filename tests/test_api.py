@@ -6,13 +6,18 @@ import os
 import subprocess
 import sys
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from abspos_jax import model as model_lib
 from abspos_jax.analysis import analyze_lengths, analyze_run
+from abspos_jax.analysis import api
 from abspos_jax.analysis.outputs.lengths import parse_seq_lens
 from abspos_jax.data import BOS_ID
-from helpers import FAST, ROOT, hooked_run, multihost_reference
+from abspos_jax.loss import lm_loss
+from conftest import small_config
+from helpers import FAST, ROOT, hooked_run, multihost_reference, sequences
 
 
 @pytest.fixture
@@ -129,3 +134,14 @@ def test_checkpoint_from_8_devices_analyses_on_one(tmp_path):
   result = analyze_run(multihost_reference(), out=str(tmp_path / "analysis"), num_sequences=8, options=FAST)
   assert result.summary["closedness_max_abs_diff"] == 0.0
   assert json.loads((tmp_path / "analysis" / "summary.json").read_text())["meta"]["step"] == 4
+
+
+@pytest.mark.parametrize("window", [None, 4])
+def test_a_variants_reference_loss_in_query_blocks_is_the_plain_forwards(window):
+  """The unmodified model's loss beside a variant's runs the attention in blocks of queries (so that 16,384 tokens
+  fit) and equals the plain forward's loss, globally and with a window."""
+  m = model_lib.create(small_config(**{"data.seq_len": 64, "model.window": window}))
+  t = sequences(n=4, t=64)["prepend"]
+  plain = float(lm_loss(m(jnp.asarray(t[:, :-1])), jnp.asarray(t[:, 1:])))
+  for block in (None, 16):
+    assert api._unmodified_loss(m, t, 2, block) == pytest.approx(plain, abs=1e-5)

@@ -17,8 +17,10 @@ from abspos_jax.data import builders
 from abspos_jax.analysis.outputs import curves, lengths as lengths_lib, schema, writer
 from abspos_jax.analysis.options import NUM_SEQUENCES, AnalysisOptions
 from abspos_jax.analysis.orchestrator import AnalysisResult, analyze
+from abspos_jax.analysis.passes import memory, steps
 from abspos_jax.config import BOS_POLICIES
-from abspos_jax.loss import lm_loss
+from abspos_jax.hooks import Hooks
+from abspos_jax.loss import chunked_lm_loss
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,10 +68,25 @@ def _data_meta(d: ml_collections.ConfigDict, split: str) -> dict:
   return out
 
 
-def _unmodified_loss(model, sequences: np.ndarray, batch_size: int) -> float:
-  """Mean next-token loss of ``model`` on ``sequences`` (the analysis' own loss, without its pass)."""
+def _unmodified_loss(model, sequences: np.ndarray, batch_size: int, query_block: int | None = None) -> float:
+  """Mean next-token loss of ``model`` on ``sequences [N, T]`` (the analysis' own loss, without its pass).
+
+  Computed as the analysis computes its own: the attention in blocks of
+  queries (``query_block``, else the largest of :func:`memory.query_blocks`)
+  and the logits in chunks (``steps.LOSS_CHUNK``), so that no ``[T, T]``
+  logits or ``[T, V]`` logits are whole: at 16,384 tokens SmolLM2's would be
+  9.7 GB per layer and 3.2 GB per sequence.
+  """
   graphdef, params = nnx.split(model, nnx.Param)
-  loss = jax.jit(lambda p, t: lm_loss(nnx.merge(graphdef, p)(t[:, :-1]), t[:, 1:]))
+  seq_len = sequences.shape[1]
+  block = memory.query_blocks(seq_len, query_block)[0]
+
+  def loss_of(p, t):
+    m = nnx.merge(graphdef, p)
+    features = m.features(t, hooks=Hooks(query_block=None if block == seq_len else block))
+    return chunked_lm_loss(m.logits, features[:, :-1], t[:, 1:], steps.LOSS_CHUNK)
+
+  loss = jax.jit(loss_of)
   total = 0.0
   for i in range(0, len(sequences), batch_size):
     batch = sequences[i:i + batch_size]
@@ -84,7 +101,8 @@ def _with_variant(model, config, variant: variants.Variant, sequences: dict, mai
   if not variant:
     return model, config, None
   vconfig = variants.apply(config, variant)
-  meta = {**variant.describe(), "loss_unmodified": _unmodified_loss(model, sequences[main], options.batch_size)}
+  meta = {**variant.describe(), "loss_unmodified": _unmodified_loss(model, sequences[main], options.batch_size,
+                                                                    options.query_block)}
   return variants.rebuild(model, vconfig), vconfig, meta
 
 
