@@ -35,6 +35,24 @@ def test_the_batch_holds_at_most_256_mib_of_one_layers_logits():
   assert memory.logits_batch_cap(4, 128) == 1024
 
 
+def test_a_blocked_step_holds_1024_tokens():
+  """In blocks of queries the batch is 1,024 tokens' worth (at least one sequence), under the logits cap: 12 heads
+  at 1,024 tokens in blocks of 256 -> 1 sequence (not 5), 64 tokens in blocks of 16 -> 16; all T at once -> the
+  logits cap alone."""
+  assert memory.blocked_batch_cap(1024) == 1 and memory.blocked_batch_cap(4096) == 1
+  assert memory.blocked_batch_cap(64) == 16
+  compiled = []
+
+  def compile_for(b, block):
+    compiled.append((b, block))
+    return types.SimpleNamespace(memory_analysis=lambda: types.SimpleNamespace(
+        temp_size_in_bytes=10 * b, output_size_in_bytes=0, alias_size_in_bytes=0))
+
+  assert memory.choose_batch_and_block(compile_for, 32, 10**6, [256, 128], 12, 1024, num_sequences=32)[:2] == (1, 256)
+  assert memory.choose_batch_and_block(compile_for, 32, 10**6, [16], 4, 64, num_sequences=32)[:2] == (16, 16)
+  assert memory.choose_batch_and_block(compile_for, 32, 10**6, [64], 4, 64, num_sequences=32)[:2] == (32, 64)
+
+
 def test_query_blocks_start_where_a_heads_block_fits_the_cache():
   """[R, T] float32 per head within 2 MiB, and all T or at least 4 blocks (every key band): all T up to 512
   tokens, 256 at 1,024 and 2,048, 128 at 4,096, 64 at 8,192; then halvings down to 16 for the memory budget; an

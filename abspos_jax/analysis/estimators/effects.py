@@ -22,7 +22,7 @@ from flax import nnx
 
 from abspos_jax.analysis.estimators import denominators, fixed_effects, intervals, leakage, sinks
 
-from abspos_jax.analysis.passes import edits
+from abspos_jax.analysis.passes import edits, memory
 
 from abspos_jax.analysis.outputs import schema
 from abspos_jax.analysis.passes.steps import CompiledStep, forward, make_intervention_step, sweep
@@ -112,7 +112,7 @@ def registry(embed: jax.Array, main: str, other_policy: str | None, visible: jax
              options: AnalysisOptions) -> list[Intervention]:
   """The interventions of one analysis: BOS replacement (under ``main == "prepend"`` only: elsewhere position 0
   holds a text token), the position-0 patch and the sink ablation (its reference: the same pass with no head
-  ablated)."""
+  ablated). Each edits function's interventions come together: :func:`run` keeps one compiled pass at a time."""
   out = []
   if main == "prepend":
     for kind in edits.BOS_REPLACEMENTS:
@@ -211,10 +211,14 @@ def run(model: Decoder, sequences: Mapping[str, np.ndarray], main: str, visible:
   source = np.roll(sequences[others[0]] if others else toks, -1, axis=0)
   spec, design = model.spec, fixed_effects.make_design(visible)
 
-  steps: dict[Callable, CompiledStep] = {}  # one compiled pass per edits function
+  steps: dict[Callable, CompiledStep] = {}  # the compiled pass of the edits function running now
 
   def measured(name: str, edits_fn: Callable, operand: Any, on: FEDesign) -> dict:
     if edits_fn not in steps:
+      # registry() lists each edits function's interventions together: the finished one's program, which keeps
+      # its scratch once run, goes.
+      steps.clear()
+      memory.release_free_pages()
       steps[edits_fn] = CompiledStep(make_intervention_step(graphdef, edits_fn, options.query_block))
     acc = {"leakage": leakage.init(spec.num_layers, spec.num_heads, toks.shape[1], options.num_blocks),
            "denominators": denominators.init(spec.num_layers, spec.num_heads, toks.shape[1], options.num_blocks)}

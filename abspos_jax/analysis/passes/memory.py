@@ -16,6 +16,10 @@ block, T]`` logits pass :data:`LOGITS_BYTES_CAP`: the step then grows with
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import functools
+import gc
 import os
 from collections.abc import Callable
 
@@ -42,6 +46,30 @@ def available_bytes(device: jax.Device | None = None) -> int:
   return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
 
 
+@functools.cache
+def _malloc_trim() -> Callable[[int], int] | None:
+  name = ctypes.util.find_library("c")
+  return getattr(ctypes.CDLL(name), "malloc_trim", None) if name else None
+
+
+def release_free_pages() -> None:
+  """Free what is unreachable and give the heap's free pages back to the OS.
+
+  A dropped compiled program (which keeps its scratch once it has run) can
+  sit in a reference cycle until the collector runs, hence ``gc.collect``.
+  XLA's compilations and a sweep's temporaries are freed into the C heap's
+  arenas, which keep the pages resident, hence glibc's ``malloc_trim`` (a
+  no-op where the C library has none): after the memory budget's
+  compilations, 0.4 of the 12 x 768 model's 1.6 GiB at 1,024 tokens
+  (docs/benchmarks.md). The analysis calls this between its phases, so that
+  its peak is what it holds, not what it once held.
+  """
+  gc.collect()
+  trim = _malloc_trim()
+  if trim is not None:
+    trim(0)
+
+
 # One layer's logits per step beyond this buy no speed on the CPU and cost fresh pages
 # (docs/benchmarks.md: the 12 x 768 model at 2,048 tokens with 1 and 2 sequences per step).
 LOGITS_BYTES_CAP = 256 * 2**20
@@ -54,6 +82,17 @@ MIN_QUERY_BLOCK = 16  # smaller blocks make too many small products to be worth 
 # (2 MiB) ran 1.29x R = 128 (4 MiB) and 1.13x R = 32 (1 MiB); at 4,096 tokens R = 128 (2 MiB) ran 1.08x R = 64
 # (docs/benchmarks.md, "Query blocks and key bands").
 BLOCK_BYTES = 2 * 2**20
+
+
+# In blocks of queries, a step of this many tokens runs as fast per token as a larger one, and each further
+# sequence costs its activations: the 12 x 768 model at 1,024 tokens in blocks of 256 ran 1, 2 and 4 sequences
+# per step within noise (and 4 and 8 alike), its step 0.40 / 0.52 / 0.69 GiB (docs/benchmarks.md).
+BLOCKED_STEP_TOKENS = 1024
+
+
+def blocked_batch_cap(seq_len: int) -> int:
+  """The batch of a step whose attention runs in blocks of queries: ``BLOCKED_STEP_TOKENS // seq_len``, >= 1."""
+  return max(1, BLOCKED_STEP_TOKENS // seq_len)
 
 
 def logits_batch_cap(num_heads: int, seq_len: int) -> int:
@@ -133,15 +172,17 @@ def choose_batch_and_block(compile_for: Callable[[int, int], object], max_batch:
                            ) -> tuple[int, int, int]:
   """``(B, block, bytes)``: the largest block of ``blocks`` (largest first) whose logits for one sequence stay
   within :data:`LOGITS_BYTES_CAP` (the last one otherwise) and whose step fits ``budget`` for one sequence,
-  with the largest batch that then fits (:func:`choose_batch_size`; ``compile_for(B, block)``), tried first
-  at :func:`even_batch` of ``num_sequences`` when given.
+  with the largest batch that then fits (:func:`choose_batch_size`; ``compile_for(B, block)``) under
+  :func:`logits_batch_cap` and, in blocks, :func:`blocked_batch_cap`, tried first at :func:`even_batch` of
+  ``num_sequences`` when given.
 
   Raises ``ValueError`` before any work when one sequence does not fit at the smallest block.
   """
   within_cap = [b for b in blocks if num_heads * b * seq_len * 4 <= LOGITS_BYTES_CAP] or blocks[-1:]
   for block in within_cap:
     try:
-      top = min(max_batch, logits_batch_cap(num_heads, seq_len))
+      top = min(max_batch, logits_batch_cap(num_heads, seq_len),
+                *([blocked_batch_cap(seq_len)] if block < seq_len else []))
       batch, used = choose_batch_size(lambda b: compile_for(b, block),
                                       top if num_sequences is None else even_batch(num_sequences, top), budget,
                                       what=f"{what} in blocks of {block} queries")
