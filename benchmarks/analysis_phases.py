@@ -1,15 +1,18 @@
 """Where an analysis's time and memory go: resident memory over one ``analyze`` call, phase by phase.
 
-    python -m benchmarks.analysis_phases [--shape=12x768x12] [--seq_len=1024] [--num_sequences=32]
+    python -m benchmarks.analysis_phases [--shape=12x768x12 | --hf=CHECKPOINT] [--seq_len=1024]
+                                         [--num_sequences=32] [--interventions]
 
-``analyze`` on the random RoPE decoder of ``--shape`` (seeded), both BOS
-policies, interventions off, as ``benchmarks.analysis_scale --child=analyze``
-runs it. A thread samples the process's resident set (``/proc/self/statm``)
-every 0.1 s; the phases are marked by wrapping the orchestrator's calls: the
-memory budget's compilations (``fit``), each policy's sweep, the
-finalisation, the jackknife. Prints, per phase, its start and end time and
-resident set, and the largest resident set sampled while it ran; then the
-peak (``ru_maxrss``). Linux only (``/proc``).
+``analyze`` on the random RoPE decoder of ``--shape`` (seeded) or a local
+checkpoint (``--hf``: a Hugging Face directory or a GGUF file), on random
+tokens under both BOS policies, interventions off unless ``--interventions``,
+as ``benchmarks.analysis_scale --child=analyze`` runs it. A thread samples
+the process's resident set (``/proc/self/statm``) every 0.1 s; the phases are
+marked by wrapping the orchestrator's calls: the memory budget's
+compilations, each sweep (named by its progress bar: each policy's pass and
+each intervention's), the finalisation, the jackknife. Prints, per phase,
+its start time and resident set and the largest resident set sampled until
+the next mark; then the peak (``ru_maxrss``). Linux only (``/proc``).
 """
 
 import argparse
@@ -22,6 +25,7 @@ import jax
 import numpy as np
 
 from abspos_jax.analysis import core, orchestrator
+from abspos_jax.analysis.estimators import effects
 from abspos_jax.analysis.options import AnalysisOptions
 from benchmarks.analysis_scale import _model
 
@@ -48,12 +52,14 @@ class Phases:
   def mark(self, name: str) -> None:
     self.marks.append((time.perf_counter() - self.t0, name, resident_gib()))
 
-  def wrap(self, name: str, fn):
+  def wrap(self, name: str, fn, label_arg: int | None = None):
+    """``fn`` marked at its start and end; ``label_arg``: the positional argument that names the call."""
     @functools.wraps(fn)
     def wrapped(*args, **kwargs):
-      self.mark("begin " + name)
+      label = name if label_arg is None else f"{name} {args[label_arg]}"
+      self.mark("begin " + label)
       out = jax.block_until_ready(fn(*args, **kwargs))
-      self.mark("end " + name)
+      self.mark("end " + label)
       return out
     return wrapped
 
@@ -72,20 +78,23 @@ def main() -> None:
   p.add_argument("--shape", default="12x768x12", help="layers x d_model x heads")
   p.add_argument("--seq_len", type=int, default=1024)
   p.add_argument("--num_sequences", type=int, default=32)
+  p.add_argument("--hf", default="", help="a local checkpoint (HF directory or GGUF file) instead of --shape")
+  p.add_argument("--interventions", action="store_true", help="run the interventions too")
   a = p.parse_args()
   phases = Phases()
   # The phases the orchestrator calls by these names (module attributes, so wrapping them reaches its calls).
   orchestrator._fit_batch_size = phases.wrap("memory budget (compilations)", orchestrator._fit_batch_size)
-  orchestrator.sweep = phases.wrap("sweep", orchestrator.sweep)
+  orchestrator.sweep = phases.wrap("sweep", orchestrator.sweep, label_arg=5)
+  effects.sweep = phases.wrap("sweep", effects.sweep, label_arg=5)
   core.finalize_baseline = phases.wrap("finalisation", core.finalize_baseline)
   core.jackknife_baseline = phases.wrap("jackknife", core.jackknife_baseline)
-  m = _model(a.shape, a.seq_len)
+  m = _model(a.shape, a.seq_len, a.hf)
   tokens = np.random.default_rng(0).integers(0, 256, (a.num_sequences, a.seq_len)).astype(np.int32)
   phases.mark("model made")
   result = orchestrator.analyze(m, {"prepend": tokens, "none": np.roll(tokens, 1, axis=1)},
-                                options=AnalysisOptions(interventions=False, progress=False))
+                                options=AnalysisOptions(interventions=a.interventions, progress=False))
   phases.mark("done")
-  print(f"{a.shape}, {a.seq_len} tokens x {a.num_sequences}: batch {result.summary['batch_size']}, query block "
+  print(f"{a.hf or a.shape}, {a.seq_len} tokens x {a.num_sequences}: batch {result.summary['batch_size']}, query block "
         f"{result.summary['memory']['query_block']}, step {result.summary['memory']['step_gib']:.2f} GiB, "
         f"accumulators {result.summary['memory']['accumulators_gib']:.2f} GiB")
   print("| s | mark | resident GiB | largest until the next mark |\n|---|---|---|---|")
