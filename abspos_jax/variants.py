@@ -33,6 +33,11 @@ class Variant:
   def __bool__(self) -> bool:
     return self.ntk_alpha is not None or self.window is not None
 
+  def context_scale(self) -> float:
+    """How many times the trained context the variant is meant to reach: NTK-aware scaling by ``alpha`` is the
+    usual ``alpha``-times context extension; a window or no variant, 1."""
+    return self.ntk_alpha or 1.0
+
   def describe(self) -> dict:
     return {"rope_scale": None if self.ntk_alpha is None else f"ntk:{self.ntk_alpha:g}", "window": self.window,
             "kind": "inference-time variant of the checkpoint's weights, not a model trained this way"}

@@ -20,7 +20,7 @@ import torch
 import transformers
 from safetensors.numpy import load_file, save_file
 
-from abspos_jax import checkpoint, data
+from abspos_jax import checkpoint, data, variants
 from abspos_jax import model as model_lib
 from abspos_jax.config import base_config
 from abspos_jax.analysis import AnalysisOptions, analyze_hf, analyze_run
@@ -490,6 +490,18 @@ def test_published_hub_configs_load_or_are_refused_by_name():
                        ("quantization_config", {"quant_method": "gptq"})):
     with pytest.raises(hf.HFConversionError, match=rf"{field}=.* is not supported"):
       hf.config_from_hf({**SMOLLM2_135M, field: value}, seq_len=128)
+
+
+def test_an_ntk_variant_reaches_alpha_times_the_trained_context():
+  """SmolLM2 (8,192 positions): 16,384 tokens are refused as they are, allowed with ntk:2 (the usual 2x context
+  extension), and 16,385 are still refused there, naming the field and the way out."""
+  with pytest.raises(hf.HFConversionError, match=r"max_position_embeddings=8192 .* 16384 tokens asked for "
+                     r"\(--rope_scale=ntk:ALPHA"):
+    hf.config_from_hf(SMOLLM2_135M, seq_len=16384)
+  assert hf.config_from_hf(SMOLLM2_135M, seq_len=16384, context_scale=variants.Variant(ntk_alpha=2).context_scale())
+  with pytest.raises(hf.HFConversionError, match=r"16385 tokens asked for even extended 2 times by the variant"):
+    hf.config_from_hf(SMOLLM2_135M, seq_len=16385, context_scale=2.0)
+  assert variants.Variant(window=64).context_scale() == 1.0 and variants.Variant().context_scale() == 1.0
 
 
 def test_rope_base_spellings():

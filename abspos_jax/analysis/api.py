@@ -296,7 +296,7 @@ def analyze_hf(path: str, *, out: str | None = None, num_sequences: int = NUM_SE
     seq_len = min(128, ckpt.hf_config.get("max_position_embeddings") or 128)
   if seq_len < 2:
     raise ValueError(f"--seq_len must be >= 2, got {seq_len}")
-  config = ckpt.config(seq_len, ignore_fields)
+  config = ckpt.config(seq_len, ignore_fields, context_scale=variant.context_scale())
   tok, conv = ckpt.tokenizer()  # before the weights: a missing tokenizer is refused cheaply
   conv = hf.choose_special_tokens(tok, conv, bos=bos, eos=eos, main_policy=main_policy,
                                   vocab_size=config.model.vocab_size)

@@ -219,8 +219,8 @@ def drop_fields(hf: Mapping, ignore: Iterable[str], where: str) -> dict:
   return {k: v for k, v in hf.items() if k not in ignore}
 
 
-def config_from_hf(hf: Mapping, *, seq_len: int, where: str = CONFIG,
-                   ignore: Iterable[str] = ()) -> ml_collections.ConfigDict:
+def config_from_hf(hf: Mapping, *, seq_len: int, where: str = CONFIG, ignore: Iterable[str] = (),
+                   context_scale: float = 1.0) -> ml_collections.ConfigDict:
   """Our config for a Llama / Mistral / Qwen2 ``config.json`` (a dict), validated.
 
   ``seq_len`` becomes ``data.seq_len`` (the analysis length). Raises
@@ -230,6 +230,9 @@ def config_from_hf(hf: Mapping, *, seq_len: int, where: str = CONFIG,
   ``torch_dtype``, ...) are accepted as they are published. ``ignore`` (the
   ``--hf_ignore_fields`` escape hatch) drops the named top-level fields first,
   as if the file did not have them: the user's decision, recorded by the caller.
+  ``seq_len`` may pass ``max_position_embeddings`` by ``context_scale``, the
+  factor by which a context-extension variant stretches it (NTK-aware scaling
+  by ``alpha``: ``alpha`` times, :meth:`variants.Variant.context_scale`).
   """
   hf = drop_fields(hf, ignore, where)
   family = hf.get("model_type")
@@ -252,8 +255,10 @@ def config_from_hf(hf: Mapping, *, seq_len: int, where: str = CONFIG,
   if not isinstance(eps, (int, float)) or eps <= 0:
     refuse(where, "rms_norm_eps", eps, "must be a positive number")
   max_pos = hf.get("max_position_embeddings")
-  if max_pos is not None and seq_len > max_pos:
-    refuse(where, "max_position_embeddings", max_pos, f"shorter than the {seq_len} tokens asked for")
+  if max_pos is not None and seq_len > max_pos * context_scale:
+    extended = f" even extended {context_scale:g} times by the variant" if context_scale != 1 else ""
+    refuse(where, "max_position_embeddings", max_pos, f"shorter than the {seq_len} tokens asked for{extended} "
+           f"(--rope_scale=ntk:ALPHA analyses ALPHA times the trained context)")
   window, pattern = _layer_windows(hf, family, num_layers, where)
 
   c = config_lib.base_config()

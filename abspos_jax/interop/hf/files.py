@@ -53,8 +53,9 @@ class Checkpoint:
     """What error messages name: the GGUF file or the directory's config.json."""
     return self.file or os.path.join(self.path, CONFIG)
 
-  def config(self, seq_len: int, ignore: Iterable[str] = ()) -> ml_collections.ConfigDict:
-    return config_from_hf(self.hf_config, seq_len=seq_len, where=self.where, ignore=ignore)
+  def config(self, seq_len: int, ignore: Iterable[str] = (), context_scale: float = 1.0) -> ml_collections.ConfigDict:
+    return config_from_hf(self.hf_config, seq_len=seq_len, where=self.where, ignore=ignore,
+                          context_scale=context_scale)
 
   def model(self, config: ml_collections.ConfigDict) -> model_lib.Decoder:
     """Our model of ``config`` (from :meth:`config`) with the checkpoint's weights in float32."""
