@@ -107,7 +107,8 @@ FLAGS = (
          "position-0 closedness check.", "int"),
     Flag("skip_interventions", False, "Skip the intervention sweep.", "bool", sweep_default=False),
     Flag("rope_scale", None, "ntk:ALPHA: analyse the checkpoint with its RoPE base scaled NTK-aware (an "
-         "inference-time variant; the unmodified model's loss is reported too).", "string"),
+         "inference-time variant; the unmodified model's loss is reported too); --hf may then ask for up to ALPHA "
+         "times its max_position_embeddings.", "string"),
     Flag("window", None, "Analyse the checkpoint with a sliding window of W keys (query included) on every layer: "
          "an inference-time variant.", "int"),
     Flag("bos", None, "The token (or id) put at position 0 under the prepend policy, instead of the tokenizer's "
