@@ -18,9 +18,10 @@ declare -A RUNS=(
   [repeated-T128]="--data=text_files --data_files=$OUT/repeated.txt --split=train --seq_len=128 --num_sequences=64 $EOT --main_policy=none --skip_interventions"
   [prose-T512-bos]="--data=stdlib_prose --split=train --seq_len=512 --num_sequences=128 $EOT --main_policy=prepend"
   [prose-T512-bos-ntk4]="--data=stdlib_prose --split=train --seq_len=512 --num_sequences=128 $EOT --main_policy=prepend --rope_scale=ntk:4 --skip_interventions"
+  [code-T2048-bos]="--data=stdlib_text --split=validation --seq_len=2048 --num_sequences=64 $EOT --main_policy=prepend"
   [prose-T512-bos-w64]="--data=stdlib_prose --split=train --seq_len=512 --num_sequences=128 $EOT --main_policy=prepend --window=64 --skip_interventions"
 )
-ORDER=(prose-T128-bos code-T128-bos prose-T128-nobos repeated-T128 prose-T512-bos prose-T512-bos-ntk4 prose-T512-bos-w64)
+ORDER=(prose-T128-bos code-T128-bos prose-T128-nobos repeated-T128 prose-T512-bos prose-T512-bos-ntk4 prose-T512-bos-w64 code-T2048-bos)
 [ $# -gt 0 ] && ORDER=("$@")
 for name in "${ORDER[@]}"; do
   if [ -f $OUT/$name/summary.json ]; then echo "$name: done"; continue; fi

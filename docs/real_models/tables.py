@@ -14,7 +14,7 @@ from abspos_jax.analysis.outputs import schema
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ORDER = ("prose-T128-bos", "prose-T128-nobos", "code-T128-bos", "repeated-T128", "prose-T512-bos",
-         "prose-T512-bos-ntk4", "prose-T512-bos-w64")
+         "prose-T512-bos-ntk4", "prose-T512-bos-w64", "code-T2048-bos")
 
 
 def get(s: dict, path: str):
