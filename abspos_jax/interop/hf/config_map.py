@@ -219,6 +219,15 @@ def drop_fields(hf: Mapping, ignore: Iterable[str], where: str) -> dict:
   return {k: v for k, v in hf.items() if k not in ignore}
 
 
+def _check_length(hf: Mapping, seq_len: int, context_scale: float, where: str) -> None:
+  """Refuse ``seq_len`` past ``max_position_embeddings`` times ``context_scale``."""
+  max_pos = hf.get("max_position_embeddings")
+  if max_pos is not None and seq_len > max_pos * context_scale:
+    extended = f" even extended {context_scale:g} times by the variant" if context_scale != 1 else ""
+    refuse(where, "max_position_embeddings", max_pos, f"shorter than the {seq_len} tokens asked for{extended} "
+           f"(--rope_scale=ntk:ALPHA analyses ALPHA times the trained context)")
+
+
 def config_from_hf(hf: Mapping, *, seq_len: int, where: str = CONFIG, ignore: Iterable[str] = (),
                    context_scale: float = 1.0) -> ml_collections.ConfigDict:
   """Our config for a Llama / Mistral / Qwen2 ``config.json`` (a dict), validated.
@@ -254,11 +263,7 @@ def config_from_hf(hf: Mapping, *, seq_len: int, where: str = CONFIG, ignore: It
   eps = first(hf.get("rms_norm_eps"), 1e-6)  # the default of all three families
   if not isinstance(eps, (int, float)) or eps <= 0:
     refuse(where, "rms_norm_eps", eps, "must be a positive number")
-  max_pos = hf.get("max_position_embeddings")
-  if max_pos is not None and seq_len > max_pos * context_scale:
-    extended = f" even extended {context_scale:g} times by the variant" if context_scale != 1 else ""
-    refuse(where, "max_position_embeddings", max_pos, f"shorter than the {seq_len} tokens asked for{extended} "
-           f"(--rope_scale=ntk:ALPHA analyses ALPHA times the trained context)")
+  _check_length(hf, seq_len, context_scale, where)
   window, pattern = _layer_windows(hf, family, num_layers, where)
 
   c = config_lib.base_config()
