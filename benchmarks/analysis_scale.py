@@ -44,6 +44,7 @@ import numpy as np
 from flax import nnx
 
 from abspos_jax import model as model_lib
+from abspos_jax import variants
 from abspos_jax.analysis import analyze
 from abspos_jax.analysis.passes import steps, memory
 from abspos_jax.analysis.estimators import fixed_effects
@@ -54,18 +55,22 @@ from benchmarks.scaling import best_ms
 from benchmarks.train_throughput import SIZES, size_config
 
 
-def _model(shape: str, seq_len: int, hf: str = ""):
+def _model(shape: str, seq_len: int, hf: str = "", rope_scale: str = ""):
   if hf:
     from abspos_jax.interop.hf.files import Checkpoint
     ckpt = Checkpoint(hf)
-    return ckpt.model(ckpt.config(seq_len))
+    variant = variants.Variant(ntk_alpha=variants.parse_rope_scale(rope_scale or None))
+    config = ckpt.config(seq_len, context_scale=variant.context_scale())
+    model = ckpt.model(config)
+    return variants.rebuild(model, variants.apply(config, variant)) if variant else model
   layers, d_model, heads = SIZES[shape][:3] if shape in SIZES else (int(x) for x in shape.split("x"))
   return model_lib.create(size_config(layers, d_model, heads, seq_len, 1), seed=0)
 
 
-def child(kind: str, shape: str, seq_len: int, num_sequences: int, repeats: int, hf: str = "") -> dict:
+def child(kind: str, shape: str, seq_len: int, num_sequences: int, repeats: int, hf: str = "",
+          rope_scale: str = "") -> dict:
   """One measurement in this process: ``kind`` is ``forward``, ``analysis`` or ``analyze``."""
-  m = _model(shape, seq_len, hf)
+  m = _model(shape, seq_len, hf, rope_scale)
   tokens = jnp.asarray(np.random.default_rng(0).integers(0, 256, (num_sequences, seq_len)), jnp.int32)
   graphdef, params = nnx.split(m, nnx.Param)
   out = {"kind": kind, "shape": hf or shape, "seq_len": seq_len, "num_sequences": num_sequences}
@@ -130,20 +135,22 @@ def main() -> None:
   p.add_argument("--num_sequences", type=int, default=2)
   p.add_argument("--repeats", type=int, default=1)
   p.add_argument("--hf", default="", help="a local checkpoint (HF directory or GGUF file) instead of --shape")
+  p.add_argument("--rope_scale", default="", help="with --hf: ntk:ALPHA, the NTK variant (to pass the trained "
+                 "context, up to ALPHA times it)")
   p.add_argument("--end_to_end", action="store_true", help="also time analyze() end to end")
   p.add_argument("--json", default="")
   p.add_argument("--child", default="", help=argparse.SUPPRESS)
   a = p.parse_args()
   if a.child:
     kind, seq_len = a.child.split(":")
-    print(json.dumps(child(kind, a.shape, int(seq_len), a.num_sequences, a.repeats, a.hf)))
+    print(json.dumps(child(kind, a.shape, int(seq_len), a.num_sequences, a.repeats, a.hf, a.rope_scale)))
     return
   record = {"machine": common.machine(), "rows": []}
   rows = []
   for seq_len in (int(x) for x in a.seq_lens.split(",")):
     got = {}
     for kind in ("forward", "analysis") + (("analyze",) if a.end_to_end else ()):
-      r = subprocess.run([sys.executable, "-m", "benchmarks.analysis_scale", f"--shape={a.shape}", f"--hf={a.hf}",
+      r = subprocess.run([sys.executable, "-m", "benchmarks.analysis_scale", f"--shape={a.shape}", f"--hf={a.hf}", f"--rope_scale={a.rope_scale}",
                           f"--num_sequences={a.num_sequences}", f"--repeats={a.repeats}",
                           f"--child={kind}:{seq_len}"], capture_output=True, text=True)
       if r.returncode:
