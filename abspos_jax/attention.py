@@ -4,9 +4,9 @@ One code path computes the logits ``s_ij = q_i . k_j / sqrt(d_h)`` (after RoPE
 when the model uses it), applies the single mask function of
 :mod:`abspos_jax.masks`, and normalises with a numerically safe softmax that
 also returns ``log Z_i``. The analysis reads logits, weights and ``log Z`` from
-this same path through hook points. Training may instead take the fused
-``jax.nn.dot_product_attention`` path (``model.attention_impl = "fused"``),
-which computes the same function. Without hooks the explicit path runs through
+this same path through hook points. Training may instead take a fused
+kernel (``model.attention_impl``: cuDNN, splash or ``jax.nn.dot_product_attention``,
+see :mod:`abspos_jax.attention_kernels`), which computes the same function. Without hooks the explicit path runs through
 :func:`softmax_attention`, whose backward is written by hand (the standard
 attention gradient) rather than derived by autodiff through the mask and the
 ``logsumexp``: same forward, same gradient up to float rounding, fewer passes
@@ -29,7 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from abspos_jax import masks, precision
+from abspos_jax import attention_kernels, masks, precision
 from abspos_jax import hooks as hooks_lib
 from abspos_jax.hooks import Hooks
 from abspos_jax.layers import param
@@ -307,10 +307,11 @@ class Attention(nnx.Module):
     if self.rope_base is not None:
       q = apply_rope(q, positions, self.rope_base)
       k = apply_rope(k, positions, self.rope_base)
-    if hooks is None and self.impl == "fused":
-      local = None if self.window is None else (self.window - 1, 0)
-      q, k, v = (x.astype(self.dtype) for x in (q, k, v))
-      out = jax.nn.dot_product_attention(q, k, v, is_causal=True, local_window_size=local).astype(jnp.float32)
+    # With hooks the explicit path always runs: the analysis reads its logits, weights and log Z.
+    kernel = "xla" if hooks is not None else attention_kernels.resolve(
+        self.impl, dtype=self.dtype, head_dim=q.shape[-1], seq_len=q.shape[1])
+    if kernel != "xla":
+      out = attention_kernels.run(kernel, q, k, v, self.window, self.dtype)
     elif hooks is None or (not hooks.reads_attention(layer) and hooks.query_block_size(q.shape[1]) == q.shape[1]):
       out = softmax_attention(q, k, v, positions, self.window, self.dtype)
     else:

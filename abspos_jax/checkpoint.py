@@ -11,6 +11,7 @@ object store, which cannot rename: into the step directory, with
 step. ``workdir`` may be a local path or a ``gs://`` URI (:mod:`abspos_jax.storage`).
 """
 
+import copy
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -209,7 +210,8 @@ def kept_steps(workdir: str) -> tuple[ml_collections.ConfigDict, list[int]]:
 
 
 def load_model(workdir: str, step: int | None = None, device: jax.Device | None = None):
-  """The model of a run, restored onto one device (whatever mesh it was trained on).
+  """The model of a run, restored onto one device (whatever mesh it was trained on), with the explicit
+  attention path (``attention_impl="xla"``, the one hook points read) whatever kernel trained it.
 
   Returns ``(config, model, step)``. Raises ``FileNotFoundError`` / ``ValueError``
   naming what is missing: the workdir, its ``config.json``, any checkpoint, or ``step``.
@@ -224,7 +226,9 @@ def load_model(workdir: str, step: int | None = None, device: jax.Device | None 
   if step not in steps:
     raise ValueError(f"--step {step} is not in {workdir}/checkpoints; available steps: {sorted(steps)}")
   device = device or jax.local_devices()[0]
-  abstract = nnx.eval_shape(lambda: model_lib.create(config))
+  explicit = copy.deepcopy(config)
+  explicit.model.attention_impl = "xla"
+  abstract = nnx.eval_shape(lambda: model_lib.create(explicit))
   graphdef, abstract_params = nnx.split(abstract, nnx.Param)
   target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=jax.sharding.SingleDeviceSharding(device)),
                         abstract_params)

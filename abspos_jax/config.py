@@ -17,12 +17,12 @@ from typing import Any
 import ml_collections
 
 from abspos_jax import storage
+from abspos_jax.attention_kernels import IMPLS as ATTENTION_IMPLS  # noqa: F401 (configs/base.py takes it from here)
 from abspos_jax.model import POSITIONS  # noqa: F401 (configs/base.py takes it from here)
 
 BOS_POLICIES = ("prepend", "none")
 MESH_AXES = ("data", "fsdp", "tensor")
 DTYPES = ("float32", "bfloat16")
-ATTENTION_IMPLS = ("xla", "fused")
 NONFINITE_POLICIES = ("stop", "skip")
 
 class ConfigError(ValueError):

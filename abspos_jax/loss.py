@@ -22,6 +22,10 @@ def chunked_lm_loss(head: Callable[[jax.Array], jax.Array], h: jax.Array, target
   float32, more than the blocked attention). ``T`` is padded up to a multiple
   of ``chunk`` and the padding is left out of the mean. Equal to ``lm_loss``
   up to float32 summation order; ``T <= chunk`` is ``lm_loss`` itself.
+
+  Under differentiation each chunk is rematerialised (``jax.checkpoint``):
+  the backward recomputes one chunk's logits at a time instead of keeping
+  all of them, so training holds ``[B, chunk, V]`` too.
   """
   b, t = targets.shape
   if t <= chunk:
@@ -32,6 +36,7 @@ def chunked_lm_loss(head: Callable[[jax.Array], jax.Array], h: jax.Array, target
   ts = jnp.pad(targets, ((0, 0), (0, pad))).reshape(b, n, chunk).swapaxes(0, 1)
   valid = (jnp.arange(n * chunk) < t).reshape(n, chunk)
 
+  @jax.checkpoint
   def one(args):
     hc, tc, vc = args
     ce = optax.softmax_cross_entropy_with_integer_labels(head(hc).astype(jnp.float32), tc)

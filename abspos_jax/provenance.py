@@ -123,11 +123,11 @@ def read(workdir: str) -> list[dict]:
   return storage.read_json(path) if storage.path(path).exists() else []
 
 
-def record_training(workdir: str, start_step: int, label: str = "") -> dict:
+def record_training(workdir: str, start_step: int, label: str = "", **extra) -> dict:
   """Record a start (``start_step`` 0: the file is begun anew) or a resume (appended) of training in
-  ``workdir``. A resume with other code than the last entry's is allowed, and the log says so.
-  Call on process 0 only. Returns the new entry."""
-  new = entry("resume" if start_step else "train", step=int(start_step))
+  ``workdir``, with ``extra`` (e.g. the attention kernel chosen). A resume with other code than the last
+  entry's is allowed, and the log says so. Call on process 0 only. Returns the new entry."""
+  new = entry("resume" if start_step else "train", step=int(start_step), **extra)
   entries = read(workdir) if start_step else []
   if start_step:
     before = code_id(entries[-1]) if entries else UNKNOWN

@@ -31,7 +31,8 @@ import ml_collections
 import numpy as np
 from flax import nnx
 
-from abspos_jax import checkpoint, data, distributed, flops, model as model_lib, provenance, sharding, storage
+from abspos_jax import attention_kernels, checkpoint, data, distributed, flops, provenance, sharding, storage
+from abspos_jax import model as model_lib
 from abspos_jax.analysis import emergence
 from abspos_jax import config as config_lib
 from abspos_jax import seeds as seeds_lib
@@ -195,6 +196,17 @@ def train_seeds(config: ml_collections.ConfigDict, workdir_template: str, seeds:
   return Trainer(configs, seeds_lib.seed_workdirs(workdir_template, seeds)).run()
 
 
+def _attention_kernel(config: ml_collections.ConfigDict) -> str:
+  """The kernel ``model.attention_impl`` runs on this machine, logged; a kernel that cannot run here is
+  refused (``ValueError`` with the reason) before any work."""
+  spec = model_lib.ModelSpec.from_config(config)
+  kernel = attention_kernels.resolve(spec.attention_impl, dtype=spec.dtype, head_dim=spec.head_dim,
+                                     seq_len=config.data.seq_len)
+  log.info("attention kernel: %s (model.attention_impl=%s, backend %s)", kernel, spec.attention_impl,
+           jax.default_backend())
+  return kernel
+
+
 def _open_workdir(config: ml_collections.ConfigDict, workdir: str, record: bool) -> None:
   try:
     storage.makedirs(workdir)
@@ -224,6 +236,7 @@ class Trainer:
       distributed.initialize(config)
     for c in configs:
       config_lib.validate(c)
+    self.attention_kernel = _attention_kernel(config)
     for record in (False, True):
       for c, w in zip(configs, workdirs):
         _open_workdir(c, w, record)
@@ -273,7 +286,8 @@ class Trainer:
     self.params, self.opt_state = params, opt_state
     self.runs = []
     for c, slot, data_iter in zip(configs, slots, iters):
-      entry = (provenance.record_training(slot.workdir, self.start, run_label(c, slot.workdir, self.k))
+      entry = (provenance.record_training(slot.workdir, self.start, run_label(c, slot.workdir, self.k),
+                                          attention_kernel=self.attention_kernel)
                if jax.process_index() == 0 else None)
       writer = MetricsWriter(slot.workdir, resume_step=self.start if self.start else None, provenance=entry)
       self.runs.append(RunDir(c, slot.workdir, slot.mgr, writer, data_iter))
@@ -281,11 +295,11 @@ class Trainer:
   def _build_steps(self) -> None:
     """The jitted train and eval steps, the held-out batch and the emergence hook."""
     config, axis, t = self.config, self.axis, self.config.train
-    self.train_step = jax.jit(axis.vmap(make_train_step(self.graphdef, self.tx, t.grad_accum)),
+    self.train_step = jax.jit(axis.vmap(make_train_step(self.graphdef, self.tx, t.grad_accum, t.loss_chunk)),
                               in_shardings=(axis.param_sh, axis.opt_sh, axis.batch_sh),
                               out_shardings=(axis.param_sh, axis.opt_sh, None), donate_argnums=(0, 1))
     batch_sh = sharding.batch_sharding(self.mesh, config.mesh.rules)
-    self.eval_step = jax.jit(axis.vmap(make_eval_step(self.graphdef), in_axes=(0, None)),
+    self.eval_step = jax.jit(axis.vmap(make_eval_step(self.graphdef, t.loss_chunk), in_axes=(0, None)),
                              in_shardings=(axis.param_sh, batch_sh))
     dp = config_lib.data_parallel_size(dict(self.mesh.shape), config.mesh.rules)
     n_eval = max(dp, config.data.eval_sequences // dp * dp)

@@ -13,23 +13,29 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from abspos_jax.loss import lm_loss
+from abspos_jax.loss import chunked_lm_loss, lm_loss
 
 
-def make_loss_fn(graphdef: nnx.GraphDef) -> Callable[[nnx.State, jax.Array], jax.Array]:
+def make_loss_fn(graphdef: nnx.GraphDef, loss_chunk: int = 0) -> Callable[[nnx.State, jax.Array], jax.Array]:
+  """``loss(params, tokens [B, T + 1])``: mean next-token cross entropy. ``loss_chunk > 0`` applies the
+  output head that many tokens at a time (``loss.chunked_lm_loss``: the same loss, and the same gradient,
+  without the ``[B, T, V]`` logits)."""
   def loss_fn(params: nnx.State, tokens: jax.Array) -> jax.Array:
     model = nnx.merge(graphdef, params)
+    if loss_chunk:
+      return chunked_lm_loss(model.logits, model.features(tokens[:, :-1]), tokens[:, 1:], loss_chunk)
     return lm_loss(model(tokens[:, :-1]), tokens[:, 1:])
   return loss_fn
 
 
-def make_train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, grad_accum: int = 1):
+def make_train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, grad_accum: int = 1,
+                    loss_chunk: int = 0):
   """``step(params, opt_state, tokens) -> (params, opt_state, {"loss", "grad_norm", "finite"})``.
 
   When the loss or the gradient norm is not finite, params and optimizer state
-  come back unchanged and ``finite`` is False.
+  come back unchanged and ``finite`` is False. ``loss_chunk``: see :func:`make_loss_fn`.
   """
-  grad_fn = jax.value_and_grad(make_loss_fn(graphdef))
+  grad_fn = jax.value_and_grad(make_loss_fn(graphdef, loss_chunk))
 
   def step(params, opt_state, tokens):
     if grad_accum == 1:
@@ -57,6 +63,6 @@ def make_train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, gr
   return step
 
 
-def make_eval_step(graphdef: nnx.GraphDef):
+def make_eval_step(graphdef: nnx.GraphDef, loss_chunk: int = 0):
   """``eval_step(params, tokens) -> mean loss`` over the batch."""
-  return make_loss_fn(graphdef)
+  return make_loss_fn(graphdef, loss_chunk)

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from flax import nnx
 
-from abspos_jax import flops, model as model_lib, optim
+from abspos_jax import attention_kernels, flops, model as model_lib, optim
 from abspos_jax.config import base_config
 from abspos_jax.train_step import make_train_step
 from benchmarks import common, torch_reference
@@ -67,7 +67,11 @@ class Ours:
     self.model = model
     tx = optim.make_optimizer(config.train)
     self.opt_state = tx.init(self.params)
-    self.step_fn = jax.jit(make_train_step(self.graphdef, tx), donate_argnums=(0, 1))
+    self.step_fn = jax.jit(make_train_step(self.graphdef, tx, loss_chunk=config.train.loss_chunk),
+                           donate_argnums=(0, 1))
+    spec = model.spec
+    self.kernel = attention_kernels.resolve(spec.attention_impl, dtype=spec.dtype, head_dim=spec.head_dim,
+                                            seq_len=config.data.seq_len)
     self.batches = [jax.numpy.asarray(b) for b in batches]
     self.i = 0
 

@@ -37,8 +37,10 @@ FIELDS = (
     F("model.dtype", "float32", "matmul input dtype (float32 accumulation and activations; abspos_jax/precision.py)",
       choices=DTYPES),
     F("model.param_dtype", "float32", "parameter dtype", choices=DTYPES),
-    F("model.attention_impl", "xla", "training path: xla (explicit softmax, hand-written backward) | fused "
-      "(jax.nn.dot_product_attention)", choices=ATTENTION_IMPLS, key=True),
+    F("model.attention_impl", "xla", "training attention kernel: xla (explicit softmax, hand-written backward) | "
+      "cudnn (cuDNN flash, NVIDIA GPU, bf16) | splash (Pallas, TPU) | fused (jax.nn.dot_product_attention, JAX "
+      "picks) | auto (cudnn or splash where it applies, else xla); the analysis always runs xla "
+      "(abspos_jax/attention_kernels.py)", choices=ATTENTION_IMPLS, key=True, resumable=True),
     # data
     F("data.name", "stdlib_text",
       "stdlib_text | stdlib_prose | text_files | synthetic | backcopy | any prepared TFDS dataset", key=True),
@@ -66,6 +68,9 @@ FIELDS = (
     # train
     F("train.steps", 1000, "optimizer steps", at_least=1, key=True),
     F("train.batch_size", 32, "global batch, in sequences", at_least=1, key=True),
+    F("train.loss_chunk", 0, "> 0: the cross-entropy takes the output head this many tokens at a time, so the "
+      "[B*T, V] float32 logits are never written at once (forward or backward); 0: all tokens at once",
+      at_least=0, resumable=True),
     F("train.grad_accum", 1, "micro-batches per step; batch_size must divide by it", at_least=1, key=True),
     F("train.seed", 0, "initialisation and data order, in [0, 2**32)", key=True),
     F("train.learning_rate", 3e-3, "peak learning rate", above=0, key=True),
