@@ -35,8 +35,15 @@ def matmul_params(spec: ModelSpec) -> int:
   return layers * (2 * d * d + 2 * d * kv + 3 * d * f) + d * spec.vocab_size
 
 
-def train_flops_per_token(spec: ModelSpec, seq_len: int) -> float:
-  return 6.0 * matmul_params(spec) + 12.0 * spec.num_layers * seq_len * spec.d_model
+def train_flops_per_token(spec: ModelSpec, seq_len: int, causal_half: bool = False) -> float:
+  """``6 N + 12 L T D``: the weights' matmuls forward and backward, and the attention's ``q k`` and ``a v``
+  over all ``T`` keys. ``causal_half`` counts only the keys a query sees, as MaxText's MFU does: ``T / 2``
+  per query in a causal layer (``6 N + 6 L T D``), ``W - W^2 / (2 T)`` in a layer with a window of ``W < T``
+  keys."""
+  if not causal_half:
+    return 6.0 * matmul_params(spec) + 12.0 * spec.num_layers * seq_len * spec.d_model
+  keys = sum(seq_len / 2 if w is None or w >= seq_len else w - w * w / (2 * seq_len) for w in spec.layer_windows())
+  return 6.0 * matmul_params(spec) + 12.0 * keys * spec.d_model
 
 
 def forward_flops_per_token(spec: ModelSpec, seq_len: int) -> float:

@@ -13,7 +13,7 @@ mkdir -p "$OUT"
 $PY -c "import jax, flax, optax; print('jax', jax.__version__, 'flax', flax.__version__, 'optax', optax.__version__,
 jax.default_backend(), jax.devices())" 2>&1 | tee "$OUT/devices.txt"
 timeout 900 $PY -m pytest -q -p no:cacheprovider -n 0 tests/test_attention_kernels.py 2>&1 | tail -30 | tee "$OUT/kernel_tests.txt"
-timeout 900 $PY -m benchmarks.accelerator_mfu --sizes=gpt2_small --repeats=3 --steps=10 \
+timeout 900 $PY -m benchmarks.accelerator_mfu --sizes=gpt2_small,gpt2_small_swa,paper_gpu_L4 --repeats=3 --steps=10 \
   --variants=bfloat16:xla,bfloat16:cudnn,bfloat16:cudnn:1024 --json="$OUT/mfu_gpt2_small.json" 2>&1 | tail -8 \
   | tee "$OUT/mfu_gpt2_small.txt"
 for flags in "" "--xla_gpu_enable_latency_hiding_scheduler=true" "--xla_gpu_enable_triton_gemm=false" \

@@ -8,9 +8,12 @@ Times our jitted, donating train step (:class:`benchmarks.train_throughput.Ours`
 the real AdamW with clipping, float32 master weights and optimizer state) for
 each variant ``DTYPE[:ATTENTION_IMPL[:LOSS_CHUNK]]`` (``model.dtype``,
 ``model.attention_impl``, ``train.loss_chunk``), interleaved per size (see
-:mod:`benchmarks.common`). Every variant's first loss must be within 1e-2 of the first variant's. MFU = tokens/s x training FLOPs per token
-(:mod:`abspos_jax.flops`, ``6 N + 12 L T D``) / peak, against two peaks: the
-bf16 matmul peak measured here (``jnp.dot`` of two random ``[8192, 8192]`` bf16
+:mod:`benchmarks.common`). Every variant's first loss must be within 1e-2 of the
+first variant's. MFU = tokens/s x training FLOPs per token / peak, with the
+attention counted two ways (:func:`abspos_jax.flops.train_flops_per_token`):
+over all keys (``6 N + 12 L T D``) and over the keys each query sees (half of
+that term when causal, MaxText's convention); against two peaks: the bf16
+matmul peak measured here (``jnp.dot`` of two random ``[8192, 8192]`` bf16
 matrices, float32 accumulation) and the datasheet peak of
 ``flops.KNOWN_PEAKS`` where the device is listed. The float32 rows are
 divided by the same bf16 peak, so they read as the share of the chip's
@@ -27,14 +30,16 @@ from abspos_jax import flops
 from benchmarks import common
 from benchmarks.train_throughput import Ours, size_config
 
-SIZES = {  # name -> (num_layers, d_model, num_heads, seq_len, batch_size, vocab_size)
-    "tiny": (4, 128, 4, 128, 32, 256),  # configs/tiny.py; for a quick check on the CPU
-    "medium": (4, 256, 4, 256, 16, 256),  # benchmarks.train_throughput's medium
-    "medium_b128": (4, 256, 4, 256, 128, 256),  # the same model with a batch that fills an accelerator
-    "paper_gpu_L4": (4, 512, 8, 512, 64, 256),  # configs/sweeps/paper_gpu.py, 4 layers
-    "paper_gpu_L8": (8, 512, 8, 512, 64, 256),  # configs/sweeps/paper_gpu.py, 8 layers
-    "gpt2_small": (12, 768, 12, 1024, 32, 50304),  # GPT-2 small (124M; vocabulary padded to 64 x 786)
+SIZES = {  # name -> (num_layers, d_model, num_heads, seq_len, batch_size, vocab_size, position)
+    "tiny": (4, 128, 4, 128, 32, 256, "rope"),  # configs/tiny.py; for a quick check on the CPU
+    "medium": (4, 256, 4, 256, 16, 256, "rope"),  # benchmarks.train_throughput's medium
+    "medium_b128": (4, 256, 4, 256, 128, 256, "rope"),  # the same model with a batch that fills an accelerator
+    "paper_gpu_L4": (4, 512, 8, 512, 64, 256, "rope"),  # configs/sweeps/paper_gpu.py, 4 layers
+    "paper_gpu_L8": (8, 512, 8, 512, 64, 256, "rope"),  # configs/sweeps/paper_gpu.py, 8 layers
+    "gpt2_small": (12, 768, 12, 1024, 32, 50304, "rope"),  # GPT-2 small (124M; vocabulary padded to 64 x 786)
+    "gpt2_small_swa": (12, 768, 12, 1024, 32, 50304, "swa"),  # the same with a 256-key window in every layer
 }
+SWA_WINDOW = 256
 VARIANTS = "float32,bfloat16"
 
 
@@ -46,11 +51,12 @@ def parse_variant(v: str) -> dict:
 
 
 def bench_size(name: str, variants: list[str], repeats: int, steps: int) -> dict:
-  layers, d_model, heads, seq_len, batch, vocab = SIZES[name]
+  layers, d_model, heads, seq_len, batch, vocab, position = SIZES[name]
   batches = np.random.default_rng(0).integers(0, vocab, (4, batch, seq_len + 1)).astype(np.int32)
   sides = {}
   for v in variants:
     c = size_config(layers, d_model, heads, seq_len, batch, vocab_size=vocab)
+    c.model.position, c.model.window = position, SWA_WINDOW
     for key, value in parse_variant(v).items():
       section, field = key.split(".")
       c[section][field] = value
@@ -65,26 +71,35 @@ def bench_size(name: str, variants: list[str], repeats: int, steps: int) -> dict
   tokens = steps * batch * seq_len
   return {"size": name, "num_layers": layers, "d_model": d_model, "num_heads": heads, "seq_len": seq_len,
           "batch_size": batch, "vocab_size": vocab,
+          "position": position, "window": SWA_WINDOW if position == "swa" else None,
           "flops_per_token": flops.train_flops_per_token(sides[variants[0]].model.spec, seq_len),
+          "flops_per_token_causal_half": flops.train_flops_per_token(sides[variants[0]].model.spec, seq_len, True),
           "attention_kernel": {v: side.kernel for v, side in sides.items()},
           "first_loss": first, "tokens_per_s": {v: tokens / common.median(t) for v, t in times.items()},
           "seconds": times}
 
 
 def table(record: dict) -> str:
+  """One row per size and variant. MFU columns: ``full`` counts the attention over all ``T`` keys
+  (``6 N + 12 L T D``), ``causal`` only the keys each query sees (``6 N + 6 L T D`` without a window,
+  MaxText's convention; ``flops.train_flops_per_token``); against the datasheet bf16 peak and the measured
+  ``jnp.dot`` peak."""
   measured, sheet = record["peak_flops"]["measured_bf16"], record["peak_flops"]["datasheet_bf16"]
+  pct = lambda achieved, peak: f"{achieved / peak:.1%}" if peak else "n/a"
   rows = []
   for r in record["results"]:
     tps = r["tokens_per_s"]
     variants = list(tps)
     for v in variants:
-      achieved = tps[v] * r["flops_per_token"]
+      full = tps[v] * r["flops_per_token"]
+      half = tps[v] * r.get("flops_per_token_causal_half", r["flops_per_token"])
       rows.append([r["size"], f'{r["num_layers"]}x{r["d_model"]}, T={r["seq_len"]}, B={r["batch_size"]}', v,
-                   r.get("attention_kernel", {}).get(v, "xla"), tps[v], f"{achieved / 1e12:.1f}",
-                   f"{achieved / measured:.1%}", f"{achieved / sheet:.1%}" if sheet else "n/a",
+                   r.get("attention_kernel", {}).get(v, "xla"), tps[v], f"{full / 1e12:.1f}", pct(full, sheet),
+                   pct(half, sheet), pct(full, measured),
                    f"{tps[v] / tps[variants[0]]:.2f}" if v != variants[0] else ""])
-  return common.markdown_table(["size", "shape", "variant", "kernel", "tok/s", "TFLOP/s", "MFU (measured bf16 peak)",
-                                "MFU (datasheet)", "/ first variant"], rows)
+  return common.markdown_table(["size", "shape", "variant", "kernel", "tok/s", "TFLOP/s (full)",
+                                "MFU datasheet, full", "MFU datasheet, causal", "MFU measured peak, full",
+                                "/ first variant"], rows)
 
 
 def main() -> None:
