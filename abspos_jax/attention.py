@@ -168,9 +168,10 @@ class BlockFold(Protocol):
     """``state`` before the first block; ``first_rows(start)`` recomputes the edited logits ``[1, H, R, T]`` (every
     key) and ``log Z [1, H, R]`` of the batch's first sequence at queries ``start .. start + R - 1``."""
 
-  def __call__(self, state: Any, start: jax.Array, logits: jax.Array, log_z: jax.Array) -> Any:
+  def __call__(self, state: Any, start: jax.Array, logits: jax.Array, log_z: jax.Array,
+               key_start: int | jax.Array = 0) -> Any:
     """``state`` after the block of queries ``start .. start + R - 1``: ``logits [B, H, R, W]`` over keys
-    ``0 .. W - 1`` (after any edit, ``-inf`` off the mask; ``W >= start + R``: every key the block sees),
+    ``key_start .. key_start + W - 1`` (after any edit, ``-inf`` off the mask; every key the block sees),
     ``log_z [B, H, R]``."""
 
 
@@ -190,10 +191,22 @@ def key_bands(seq_len: int, block: int, positions: Any) -> list[tuple[int, int]]
   return list(zip(edges[:-1], edges[1:]))
 
 
+def window_span(seq_len: int, block: int, window: int | None, positions: Any) -> int | None:
+  """Keys per block of ``block`` queries under a sliding window of ``window`` keys: ``block + window - 1``
+  (the keys ``start - window + 1 .. start + block - 1``), when the model's positions are NumPy ``0 .. T-1``
+  and that is fewer than ``T``; else None (the blocks take :func:`key_bands` from key 0)."""
+  if window is None:
+    return None
+  causal_order = isinstance(positions, np.ndarray) and np.array_equal(positions, np.arange(seq_len))
+  span = block + window - 1
+  return span if causal_order and block < seq_len and span < seq_len else None
+
+
 def query_block_attention(q: jax.Array, k: jax.Array, v: jax.Array, positions: jax.Array, window: int | None,
                           dtype, block: int, *, edit_logits: Callable[[jax.Array], jax.Array] = lambda s: s,
                           edit_weights: Callable[[jax.Array], jax.Array] = lambda a: a,
-                          fold: BlockFold | None = None, state: Any = None) -> tuple[jax.Array, jax.Array, Any]:
+                          fold: BlockFold | None = None, state: Any = None,
+                          edited: bool = True) -> tuple[jax.Array, jax.Array, Any]:
   """The explicit attention, ``block`` queries at a time: ``(out [B, T, H, d_h], log_z [B, H, T], state)``.
 
   Each block of queries ``R = block`` (``q [B, T, H, d_h]``, ``k, v [B, T, K, d_h]``)
@@ -209,15 +222,21 @@ def query_block_attention(q: jax.Array, k: jax.Array, v: jax.Array, positions: j
   alive at once is ``O(B H R T)``, not ``O(B H T^2)``. ``fold`` sees each block's logits as it is computed
   (:class:`BlockFold`). Edits get the block's rows over its band's keys (column ``j`` is key ``j``) and must
   act on each query's row alone (as ``sink_ablate`` does). ``block`` divides ``T``.
+
+  Under a sliding window with ``edited=False`` (no edit of this layer's
+  logits or weights) each block is scored against its :func:`window_span`
+  keys only, ``key_start = clip(start - window + 1, 0, T - span)`` on: the
+  same rows, ``O(B H R (R + W))`` work instead of ``O(B H R T)``. Edits
+  always see keys from 0.
   """
   b, t, h, d = q.shape
   if t % block:
     raise ValueError(f"the query block ({block}) must divide the sequence length ({t})")
   pos = jnp.asarray(positions)
 
-  def rows(q_rows: jax.Array, k: jax.Array, start) -> tuple[jax.Array, jax.Array, jax.Array]:
+  def rows(q_rows: jax.Array, k: jax.Array, start, key_start=0) -> tuple[jax.Array, jax.Array, jax.Array]:
     query_pos = jax.lax.dynamic_slice_in_dim(pos, start, q_rows.shape[1]) if block < t else pos
-    mask = masks.visible(query_pos, pos[:k.shape[1]], window)
+    mask = masks.visible(query_pos, jax.lax.dynamic_slice_in_dim(pos, key_start, k.shape[1]), window)
     s, a, log_z = masked_softmax(attention_logits(q_rows, k, dtype), mask)
     edited = edit_logits(s)
     if edited is not s:  # an intervention changed the logits: renormalise
@@ -227,6 +246,9 @@ def query_block_attention(q: jax.Array, k: jax.Array, v: jax.Array, positions: j
   if fold is not None:
     state = fold.begin(state, lambda start: rows(jax.lax.dynamic_slice_in_dim(q[:1], start, block, 1), k[:1],
                                                  start)[::2])
+  span = None if edited else window_span(t, block, window, positions)
+  if span is not None:
+    return _windowed_blocks(q, k, v, rows, fold, state, block, window, span, dtype)
 
   def band(state, first: int, end: int):
     kb, vb = k[:, :end], v[:, :end]
@@ -250,6 +272,23 @@ def query_block_attention(q: jax.Array, k: jax.Array, v: jax.Array, positions: j
     state, *part = band(state, first, end)
     parts.append(part)
   return jnp.concatenate([p[0] for p in parts], 1), jnp.concatenate([p[1] for p in parts], 2), state
+
+
+def _windowed_blocks(q, k, v, rows, fold, state, block: int, window: int, span: int, dtype):
+  """:func:`query_block_attention`'s blocks under a window, each against its ``span`` keys (one scan)."""
+  b, t, h, _ = q.shape
+
+  def one(state, start):
+    key_start = jnp.clip(start - window + 1, 0, t - span)
+    kb, vb = (jax.lax.dynamic_slice_in_dim(x, key_start, span, 1) for x in (k, v))
+    s, a, log_z = rows(jax.lax.dynamic_slice_in_dim(q, start, block, 1), kb, start, key_start)
+    if fold is not None:
+      state = fold(state, start, s, log_z, key_start)
+    return state, (attend(a, vb, dtype), log_z)
+
+  state, (out, log_z) = jax.lax.scan(one, state, jnp.arange(0, t, block))
+  return (jnp.moveaxis(out, 0, 1).reshape(b, t, h, v.shape[-1]), jnp.moveaxis(log_z, 0, 2).reshape(b, h, t),
+          state)
 
 
 class Attention(nnx.Module):
@@ -320,7 +359,8 @@ class Attention(nnx.Module):
       out, log_z, state = query_block_attention(
           q, k, v, positions, self.window, self.dtype, block,
           edit_logits=lambda s: hooks(hooks_lib.attn(layer, "logits"), s),
-          edit_weights=lambda a: hooks(hooks_lib.attn(layer, "weights"), a), fold=fold, state=state)
+          edit_weights=lambda a: hooks(hooks_lib.attn(layer, "weights"), a), fold=fold, state=state,
+          edited=hooks.edits_attention(layer))
       hooks.attention_folded(layer, state)
       hooks(hooks_lib.attn(layer, "log_z"), log_z)
     return precision.einsum("bthk,hkd->btd", out, self.wo[...], self.dtype)

@@ -97,7 +97,9 @@ class Hooks:
   layer's ``[B, H, T, T]`` logits are alive at once; None (or capturing a
   layer's logits or weights, which are then whole) runs all ``T`` at once.
   The logits and weights edits then see ``[B, H, R, W]`` blocks of rows over
-  the keys ``0 .. W - 1`` that the block's queries can see (``attention.key_bands``).
+  the keys ``0 .. W - 1`` that the block's queries can see (``attention.key_bands``);
+  a windowed layer that no edit touches scores only the keys of its window
+  (``attention.window_span``).
   A layer whose attention nothing reads or edits (:meth:`reads_attention`)
   runs the model's plain explicit path, as without hooks.
   """
@@ -130,6 +132,10 @@ class Hooks:
     """
     attention = [attn(layer, w) for w in ("logits", "weights", "log_z")]
     return self._any_point or any(n in self._names for n in attention)
+
+  def edits_attention(self, layer: int) -> bool:
+    """Whether an edit changes layer ``layer``'s logits or weights (it then sees its blocks' keys from key 0)."""
+    return any(attn(layer, w) in self.edits for w in ("logits", "weights"))
 
   def query_block_size(self, seq_len: int) -> int:
     """The queries per attention block for ``seq_len`` tokens (``seq_len`` itself when not blocked)."""

@@ -1,7 +1,7 @@
 """The analysis step's speed against its query block: steady tokens/s of the baseline step per (T, block, batch).
 
     python -m benchmarks.analysis_blocks --configs=1024:1024:4,1024:256:4 [--shape=12x768x12] [--num_sequences=8]
-                                         [--key_bands=4]
+                                         [--key_bands=4] [--window=W]
 
 Each config is ``seq_len:query_block:batch``. For each, in this process: the
 random RoPE decoder of ``--shape`` (seeded), ``steps.make_baseline_step`` at
@@ -10,7 +10,10 @@ compile time and XLA's step bytes are reported), warmed up on one batch, then
 timed over ``--num_sequences`` sequences in batches of ``batch``, all past the
 closedness check's sequences (the steady state). ``--key_bands`` sets
 ``attention.KEY_BANDS`` (1: every block scores all ``T`` keys), to separate
-the gain of smaller blocks from that of the bands.
+the gain of smaller blocks from that of the bands. ``--window=W``: an ``swa``
+model with a window of ``W`` keys in every layer, each config timed twice,
+with its blocks scoring the keys of their window only
+(``attention.window_span``) and, as the reference, from key 0 (the bands).
 """
 
 import argparse
@@ -31,10 +34,13 @@ from benchmarks import common
 from benchmarks.train_throughput import size_config
 
 
-def measure(shape: str, seq_len: int, block: int, batch: int, num_sequences: int) -> list:
-  """``[seq_len, block, batch, compile s, step GiB, tok/s]`` of one config."""
+def measure(shape: str, seq_len: int, block: int, batch: int, num_sequences: int, window: int = 0) -> list:
+  """``[seq_len, block, batch, compile s, step GiB, tok/s]`` of one config (``window``: an swa model)."""
   layers, d_model, heads = (int(x) for x in shape.split("x"))
-  m = model_lib.create(size_config(layers, d_model, heads, seq_len, 1), seed=0)
+  c = size_config(layers, d_model, heads, seq_len, 1)
+  if window:
+    c.model.position, c.model.window = "swa", window
+  m = model_lib.create(c, seed=0)
   graphdef, params = nnx.split(m, nnx.Param)
   design = fixed_effects.make_design(layer_visible(m.spec, seq_len))
   acc = steps.init_accumulators(m.spec, seq_len, {}, AnalysisOptions().num_blocks)
@@ -63,14 +69,20 @@ def main() -> None:
   p.add_argument("--shape", default="12x768x12", help="layers x d_model x heads")
   p.add_argument("--num_sequences", type=int, default=8)
   p.add_argument("--key_bands", type=int, default=attention.KEY_BANDS)
+  p.add_argument("--window", type=int, default=0, help="> 0: an swa model with this window, with and without "
+                                                           "window_span")
   a = p.parse_args()
   attention.KEY_BANDS = a.key_bands
   rows = []
+  span = attention.window_span
   for config in a.configs.split(","):
-    rows.append(measure(a.shape, *(int(x) for x in config.split(":")), a.num_sequences))
-    print(rows[-1], flush=True)
-  print(f"machine: {common.machine()}; shape {a.shape}, key bands {a.key_bands}")
-  print(common.markdown_table(["seq_len", "query block", "batch", "compile s", "step GiB", "steady tok/s"], rows))
+    for keys in (("window", "from key 0") if a.window else ("",)):
+      attention.window_span = span if keys != "from key 0" else (lambda *args: None)
+      rows.append(measure(a.shape, *(int(x) for x in config.split(":")), a.num_sequences, a.window) + [keys])
+      print(rows[-1], flush=True)
+  print(f"machine: {common.machine()}; shape {a.shape}, key bands {a.key_bands}, window {a.window or 'none'}")
+  print(common.markdown_table(["seq_len", "query block", "batch", "compile s", "step GiB", "steady tok/s",
+                               "keys per block"], rows))
 
 
 if __name__ == "__main__":

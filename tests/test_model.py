@@ -129,6 +129,18 @@ def test_key_bands_group_blocks_by_the_keys_their_queries_see():
   assert attention_lib.key_bands(16, 2, np.arange(1, 17)) == [(0, 16)]
 
 
+def test_a_windowed_block_scores_only_the_keys_of_its_window():
+  """Under a window of W keys a block of R queries needs R + W - 1 keys (when that is fewer than T and the
+  positions are 0 .. T-1 at trace time); the model then computes what one block does
+  (test_query_blocks_compute_what_one_block_does)."""
+  assert attention_lib.window_span(16, 4, 3, np.arange(16)) == 6
+  assert attention_lib.window_span(16, 8, 6, np.arange(16)) == 13
+  assert attention_lib.window_span(16, 8, 9, np.arange(16)) is None  # 16 keys: no saving
+  assert attention_lib.window_span(16, 4, None, np.arange(16)) is None
+  assert attention_lib.window_span(16, 16, 3, np.arange(16)) is None  # one block
+  assert attention_lib.window_span(16, 4, 3, jnp.arange(16)) is None
+
+
 def test_query_blocks_must_divide_the_length_and_whole_logits_stay_whole():
   m = model_lib.create(small_config())
   with pytest.raises(ValueError, match="query_block=5 must divide the sequence length 16"):

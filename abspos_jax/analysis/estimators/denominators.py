@@ -72,12 +72,15 @@ def weight_statistics(a: jax.Array, log_a: jax.Array, key0: jax.Array) -> dict[s
 
   Rows are queries; along the last axis any order of the keys, key 0 of row
   ``r`` at index ``key0[..., r, 0]`` (0 in key order; the query's own index in
-  skew coordinates, as :mod:`leakage` holds them). A key removed by an edit
-  (logit -inf, as ``sink_ablate`` does) has ``a = 0`` and adds nothing (not
-  ``0 * -inf``).
+  skew coordinates, as :mod:`leakage` holds them); an index past the last
+  column means key 0 is not among the row's keys (``sink_mass`` 0, as for a
+  key 0 outside a window). A key removed by an edit (logit -inf, as
+  ``sink_ablate`` does) has ``a = 0`` and adds nothing (not ``0 * -inf``).
   """
+  at = jnp.broadcast_to(key0, a.shape[:-1] + (1,))
+  sink = jnp.take_along_axis(a, jnp.minimum(at, a.shape[-1] - 1), -1)[..., 0]
   return dict(entropy=-jnp.where(a > 0, a * log_a, 0.0).sum(-1), max_weight=a.max(-1),
-              sink_mass=jnp.take_along_axis(a, jnp.broadcast_to(key0, a.shape[:-1] + (1,)), -1)[..., 0])
+              sink_mass=jnp.where(at[..., 0] < a.shape[-1], sink, 0.0))
 
 
 def init(num_layers: int, num_heads: int, seq_len: int, num_blocks: int) -> dict:

@@ -96,13 +96,15 @@ def init(num_layers: int, num_heads: int, seq_len: int, num_blocks: int) -> dict
 
 
 def block_sums(design: fe.FEDesign, start: int | jax.Array, ref_s: jax.Array, ref_l: jax.Array, s: jax.Array,
-               lz: jax.Array) -> tuple[dict, dict]:
+               lz: jax.Array, key_start: int | jax.Array = 0) -> tuple[dict, dict]:
   """One head's sums over a block of one sequence's queries ``i = start .. start + R - 1``.
 
   ``design`` is one mask's (``[T]`` fields), ``ref_s, ref_l [T]`` the
-  references, ``s [R, W]`` the block's logits over the keys ``0 .. W - 1``
-  (``W >= start + R``, so every key the block's queries see; ignored off the
-  cells), ``lz [R]`` its ``log Z``. Returns ``(rows, offsets)``: ``rows``
+  references, ``s [R, W]`` the block's logits over the keys ``key_start ..
+  key_start + W - 1`` (every key the block's queries see, so their offsets
+  ``0 .. W - 1`` hold every cell: ``W >= start + R`` from key 0, ``W >= R +
+  window - 1`` under a window; ignored off the cells), ``lz [R]`` its ``log
+  Z``. Returns ``(rows, offsets)``: ``rows``
   holds ``s_qs, s_qq, s_qr, loga_qs, loga_qq, loga_qr`` and the
   ``denominators.QUANTITIES`` over the keys (``denominators.query_statistics``
   when the keys are the model's mask), each ``[R]``; ``offsets`` holds this
@@ -121,7 +123,7 @@ def block_sums(design: fe.FEDesign, start: int | jax.Array, ref_s: jax.Array, re
   """
   size, width = s.shape[-2:]
   valid, keys, refs = fe.row_masks(design, start, size, width)
-  raw = fe.skew(s, start)  # [R, W(d)]
+  raw = fe.skew(s, start - key_start)  # [R, W(d)]
   ref_s, ref_l = ref_s[:width], ref_l[:width]
   rows, offsets = {}, {}
   r = ref_s[None, :]
@@ -151,7 +153,7 @@ def block_sums(design: fe.FEDesign, start: int | jax.Array, ref_s: jax.Array, re
   cum = jax.lax.cond(jnp.any(keys & (cs < tiny)), near_keys_too_small,
                      lambda: lz[:, None] + jnp.log(jnp.maximum(cs, tiny)))
   offsets["zm"] = jnp.where(refs, cum - raw[:, :1], 0.0).sum(-2)
-  key0 = start + jnp.arange(size)[:, None]  # key 0 of query i is offset d = i
+  key0 = start + jnp.arange(size)[:, None]  # key 0 of query i is offset d = i (past W: not in the block, not seen)
   rows.update(denominators.weight_statistics(a, jnp.where(keys, log_a, 0.0), key0))
   rows.update(log_z=lz, excess=lz - jnp.log(jax.lax.dynamic_slice_in_dim(design.key_count, start, size)))
   return rows, offsets
@@ -233,7 +235,7 @@ class LayerFold:
 
   ``begin(acc, first_rows)`` takes the layer's references (on the first batch,
   from its first sequence: :func:`offset_profile`, one pass over that
-  sequence's blocks), ``fold(state, start, logits [B, H, R, W], log_z [B, H, R])``
+  sequence's blocks), ``fold(state, start, logits [B, H, R, W], log_z [B, H, R], key_start)``
   adds a block (:func:`block_sums`, one head of one sequence at a time), and
   ``end(acc, state)`` adds the sequences' sums to their blocks of ``acc``'s
   slice ``layer``, returning ``(acc, zres [B, H, T], qstats)`` (each
@@ -285,9 +287,9 @@ class LayerFold:
     return {"ref_s": ref_s, "ref_l": ref_l, "rows": {k: zeros for k in ROWS},
             "offsets": {k: zeros for k in OFFSETS}}
 
-  def __call__(self, state: dict, start, logits: jax.Array, log_z: jax.Array) -> dict:
-    rows, offsets = self._per_head(block_sums_at(start), logits.astype(jnp.float32), log_z.astype(jnp.float32),
-                                   state["ref_s"], state["ref_l"])
+  def __call__(self, state: dict, start, logits: jax.Array, log_z: jax.Array, key_start=0) -> dict:
+    rows, offsets = self._per_head(block_sums_at(start, key_start), logits.astype(jnp.float32),
+                                   log_z.astype(jnp.float32), state["ref_s"], state["ref_l"])
     put = lambda whole, x: jax.lax.dynamic_update_slice_in_dim(whole, x, start, axis=2)  # noqa: E731
     add = lambda whole, x: whole.at[..., :x.shape[-1]].add(x)  # noqa: E731  offsets 0 .. W - 1 of the band
     return {**state, "rows": {k: put(state["rows"][k], v) for k, v in rows.items()},
@@ -309,9 +311,9 @@ class LayerFold:
     return accumulators.write(acc, self.layer, out), lz - jnp.take_along_axis(zmask, at_count, -1), qstats
 
 
-def block_sums_at(start):
-  """:func:`block_sums` at ``start`` as ``fn(design, ref_s, ref_l, s, lz)``."""
-  return lambda design, ref_s, ref_l, s, lz: block_sums(design, start, ref_s, ref_l, s, lz)
+def block_sums_at(start, key_start=0):
+  """:func:`block_sums` at ``start`` (keys from ``key_start``) as ``fn(design, ref_s, ref_l, s, lz)``."""
+  return lambda design, ref_s, ref_l, s, lz: block_sums(design, start, ref_s, ref_l, s, lz, key_start)
 
 
 def profile_block_at(start):
