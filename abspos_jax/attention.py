@@ -221,13 +221,8 @@ def query_block_attention(q: jax.Array, k: jax.Array, v: jax.Array, positions: j
   (no online rescaling: blocks are over queries only), and what is
   alive at once is ``O(B H R T)``, not ``O(B H T^2)``. ``fold`` sees each block's logits as it is computed
   (:class:`BlockFold`). Edits get the block's rows over its band's keys (column ``j`` is key ``j``) and must
-  act on each query's row alone (as ``sink_ablate`` does). ``block`` divides ``T``.
-
-  Under a sliding window with ``edited=False`` (no edit of this layer's
-  logits or weights) each block is scored against its :func:`window_span`
-  keys only, ``key_start = clip(start - window + 1, 0, T - span)`` on: the
-  same rows, ``O(B H R (R + W))`` work instead of ``O(B H R T)``. Edits
-  always see keys from 0.
+  act on each query's row alone (as ``sink_ablate`` does). ``block`` divides ``T``. With ``edited=False`` (no
+  edit of this layer) a windowed layer's blocks score only their :func:`window_span` keys (``_windowed_blocks``).
   """
   b, t, h, d = q.shape
   if t % block:
@@ -275,7 +270,9 @@ def query_block_attention(q: jax.Array, k: jax.Array, v: jax.Array, positions: j
 
 
 def _windowed_blocks(q, k, v, rows, fold, state, block: int, window: int, span: int, dtype):
-  """:func:`query_block_attention`'s blocks under a window, each against its ``span`` keys (one scan)."""
+  """:func:`query_block_attention`'s blocks under a window, in one scan: each against its ``span`` keys from
+  ``key_start = clip(start - window + 1, 0, T - span)``, the same rows in ``O(B H R (R + W))`` work instead of
+  ``O(B H R T)``. The fold gets ``key_start``."""
   b, t, h, _ = q.shape
 
   def one(state, start):

@@ -101,10 +101,9 @@ def block_sums(design: fe.FEDesign, start: int | jax.Array, ref_s: jax.Array, re
 
   ``design`` is one mask's (``[T]`` fields), ``ref_s, ref_l [T]`` the
   references, ``s [R, W]`` the block's logits over the keys ``key_start ..
-  key_start + W - 1`` (every key the block's queries see, so their offsets
-  ``0 .. W - 1`` hold every cell: ``W >= start + R`` from key 0, ``W >= R +
-  window - 1`` under a window; ignored off the cells), ``lz [R]`` its ``log
-  Z``. Returns ``(rows, offsets)``: ``rows``
+  key_start + W - 1`` (every key the block's queries see, so offsets ``0 ..
+  W - 1`` hold every cell; ignored off the cells), ``lz [R]`` its ``log Z``.
+  Returns ``(rows, offsets)``: ``rows``
   holds ``s_qs, s_qq, s_qr, loga_qs, loga_qq, loga_qr`` and the
   ``denominators.QUANTITIES`` over the keys (``denominators.query_statistics``
   when the keys are the model's mask), each ``[R]``; ``offsets`` holds this
