@@ -224,7 +224,7 @@ def query_block_attention(q: jax.Array, k: jax.Array, v: jax.Array, positions: j
   act on each query's row alone (as ``sink_ablate`` does). ``block`` divides ``T``. With ``edited=False`` (no
   edit of this layer) a windowed layer's blocks score only their :func:`window_span` keys (``_windowed_blocks``).
   """
-  b, t, h, d = q.shape
+  t = q.shape[1]
   if t % block:
     raise ValueError(f"the query block ({block}) must divide the sequence length ({t})")
   pos = jnp.asarray(positions)
@@ -244,6 +244,13 @@ def query_block_attention(q: jax.Array, k: jax.Array, v: jax.Array, positions: j
   span = None if edited else window_span(t, block, window, positions)
   if span is not None:
     return _windowed_blocks(q, k, v, rows, fold, state, block, window, span, dtype)
+  return _banded_blocks(q, k, v, rows, fold, state, block, positions, dtype)
+
+
+def _banded_blocks(q, k, v, rows, fold, state, block: int, positions, dtype):
+  """:func:`query_block_attention`'s blocks, each against the keys ``0 .. W - 1`` of its band
+  (:func:`key_bands`; one scan per band)."""
+  b, t, h, _ = q.shape
 
   def band(state, first: int, end: int):
     kb, vb = k[:, :end], v[:, :end]

@@ -123,8 +123,7 @@ def block_sums(design: fe.FEDesign, start: int | jax.Array, ref_s: jax.Array, re
   size, width = s.shape[-2:]
   valid, keys, refs = fe.row_masks(design, start, size, width)
   raw = fe.skew(s, start - key_start)  # [R, W(d)]
-  ref_s, ref_l = ref_s[:width], ref_l[:width]
-  rows, offsets = {}, {}
+  ref_s, ref_l, rows, offsets = ref_s[:width], ref_l[:width], {}, {}
   r = ref_s[None, :]
   y = jnp.where(valid, raw - r, 0.0)
   offsets["s_os"] = y.sum(-2)
