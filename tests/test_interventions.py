@@ -7,6 +7,7 @@ import pytest
 
 from abspos_jax import model as model_lib
 from abspos_jax.analysis import AnalysisOptions, analyze
+from abspos_jax.analysis.passes import steps
 from abspos_jax.data import BOS_ID
 from conftest import small_config
 from helpers import FAST, mask, sequences, zero_qk
@@ -74,3 +75,13 @@ def test_sink_designs_equal_the_designs_of_the_whole_cells(windows):
     for name, a, b in zip(fixed_effects.FEDesign._fields, got, want):
       assert a.shape == b.shape and a.dtype == b.dtype, name
       np.testing.assert_array_equal(a, b, err_msg=name)
+
+
+@pytest.mark.parametrize("position", ["rope", "swa", "learned"])
+def test_pos0_patch_takes_the_source_stream_from_its_first_token_alone(position):
+  """Position 0 sees only itself, so the source's position-0 stream at every depth is that of a one-token forward
+  (to float32 rounding): pos0_patch runs one forward of the source's first token, not of its whole sequence."""
+  m, src = model_lib.create(small_config(position)), jnp.asarray(sequences()["none"][:3])
+  whole = steps.forward(m, src)["resid"][:, :, 0]
+  first = steps.forward(m, src[:, :1])["resid"][:, :, 0]
+  np.testing.assert_allclose(first, whole, rtol=1e-5, atol=1e-6)
