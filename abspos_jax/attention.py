@@ -164,9 +164,10 @@ _softmax_attention.defvjp(_softmax_attention_fwd, _softmax_attention_bwd)
 class BlockFold(Protocol):
   """What :func:`query_block_attention` hands each block of queries to (the analysis' statistics)."""
 
-  def begin(self, state: Any, first_rows: Callable[[jax.Array], tuple[jax.Array, jax.Array]]) -> Any:
-    """``state`` before the first block; ``first_rows(start)`` recomputes the edited logits ``[1, H, R, T]`` (every
-    key) and ``log Z [1, H, R]`` of the batch's first sequence at queries ``start .. start + R - 1``."""
+  def begin(self, state: Any, first_blocks: Callable[[Callable, Any], Any]) -> Any:
+    """``state`` before the first block. ``first_blocks(fn, init)`` runs the batch's first sequence through the
+    same blocks (the same keys, after any edit) and returns ``fn``'s carry, ``fn(carry, start, logits [1, H, R, W],
+    log_z [1, H, R], key_start)`` called once per block like :meth:`__call__`."""
 
   def __call__(self, state: Any, start: jax.Array, logits: jax.Array, log_z: jax.Array,
                key_start: int | jax.Array = 0) -> Any:
@@ -238,13 +239,16 @@ def query_block_attention(q: jax.Array, k: jax.Array, v: jax.Array, positions: j
       s, a, log_z = masked_softmax(edited, mask)
     return s, edit_weights(a), log_z
 
-  if fold is not None:
-    state = fold.begin(state, lambda start: rows(jax.lax.dynamic_slice_in_dim(q[:1], start, block, 1), k[:1],
-                                                 start)[::2])
   span = None if edited else window_span(t, block, window, positions)
-  if span is not None:
-    return _windowed_blocks(q, k, v, rows, fold, state, block, window, span, dtype)
-  return _banded_blocks(q, k, v, rows, fold, state, block, positions, dtype)
+
+  def blocks(q, k, v, fold, state):
+    if span is not None:
+      return _windowed_blocks(q, k, v, rows, fold, state, block, window, span, dtype)
+    return _banded_blocks(q, k, v, rows, fold, state, block, positions, dtype)
+
+  if fold is not None:
+    state = fold.begin(state, lambda fn, init: blocks(q[:1], k[:1], v[:1], fn, init)[2])
+  return blocks(q, k, v, fold, state)
 
 
 def _banded_blocks(q, k, v, rows, fold, state, block: int, positions, dtype):

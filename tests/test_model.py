@@ -141,6 +141,40 @@ def test_a_windowed_block_scores_only_the_keys_of_its_window():
   assert attention_lib.window_span(16, 4, 3, jnp.arange(16)) is None
 
 
+class _KeyWidths:
+  """A fold that records the (start, key_start, width) of each block it is given, in ``begin`` and after."""
+
+  def __init__(self):
+    self.first, self.main = [], []
+
+  def begin(self, state, first_blocks):
+    return first_blocks(lambda carry, start, s, lz, key_start=0: self._seen(self.first, carry, start, s,
+                                                                           key_start), state)
+
+  def __call__(self, state, start, s, lz, key_start=0):
+    return self._seen(self.main, state, start, s, key_start)
+
+  @staticmethod
+  def _seen(log, state, start, s, key_start):
+    jax.debug.callback(lambda a, b, w=s.shape[-1]: log.append((int(a), int(b), w)), start, key_start)
+    return state + s.shape[0]
+
+
+@pytest.mark.parametrize("window", [None, 3])
+def test_the_first_sequence_s_references_are_scored_on_the_keys_the_blocks_see(window):
+  """The fold's references (the first sequence, before the first block) run the very blocks the batch runs:
+  the same key bands (or window spans), not every key for every block; ``first_blocks`` sees one sequence."""
+  q, k, v = (jax.random.normal(jax.random.key(i), (2, 16, 2, 4)) for i in range(3))
+  fold = _KeyWidths()
+  _, _, state = attention_lib.query_block_attention(q, k, v, np.arange(16), window, jnp.float32, 4, fold=fold,
+                                                    state=jnp.int32(0), edited=False)
+  jax.effects_barrier()
+  expected = ([(s, max(0, min(s - 2, 16 - 6)), 6) for s in range(0, 16, 4)] if window else
+              [(0, 0, 4), (4, 0, 8), (8, 0, 12), (12, 0, 16)])
+  assert sorted(fold.first) == sorted(fold.main) == expected
+  assert int(state) == 4 * 1 + 4 * 2  # 4 blocks: of 1 sequence in begin, of the batch of 2 after
+
+
 def test_query_blocks_must_divide_the_length_and_whole_logits_stay_whole():
   m = model_lib.create(small_config())
   with pytest.raises(ValueError, match="query_block=5 must divide the sequence length 16"):

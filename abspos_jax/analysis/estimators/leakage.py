@@ -176,13 +176,15 @@ def _cumsum(x: jax.Array, block: int = 32) -> jax.Array:
   return (within + before[..., None]).reshape(x.shape[:-1] + (m * block,))[..., :t]
 
 
-def profile_block(design: fe.FEDesign, start: int | jax.Array, s: jax.Array, lz: jax.Array
-                  ) -> tuple[jax.Array, jax.Array]:
-  """One head's part of :func:`offset_profile` from a block of queries (``s [R, T]``, ``lz [R]`` as in
-  :func:`block_sums`): per offset the sum of ``s`` over the block's cells ``[T]``, and ``sum_i |C(i)| log Z_i``."""
-  valid = fe.row_masks(design, start, s.shape[-2])[0]
-  n_i = jax.lax.dynamic_slice_in_dim(design.query_count, start, s.shape[-2])
-  return jnp.where(valid, fe.skew(s, start), 0.0).sum(-2), (n_i * lz).sum()
+def profile_block(design: fe.FEDesign, start: int | jax.Array, s: jax.Array, lz: jax.Array,
+                  key_start: int | jax.Array = 0) -> tuple[jax.Array, jax.Array]:
+  """One head's part of :func:`offset_profile` from a block of queries (``s [R, W]`` over the keys from
+  ``key_start``, ``lz [R]``, as in :func:`block_sums`): per offset the sum of ``s`` over the block's cells
+  ``[W]`` (offsets ``0 .. W - 1``), and ``sum_i |C(i)| log Z_i``."""
+  size, width = s.shape[-2:]
+  valid = fe.row_masks(design, start, size, width)[0]
+  n_i = jax.lax.dynamic_slice_in_dim(design.query_count, start, size)
+  return jnp.where(valid, fe.skew(s, start - key_start), 0.0).sum(-2), (n_i * lz).sum()
 
 
 def offset_profile(design: fe.FEDesign, offset_sums: jax.Array, weighted_lz: jax.Array
@@ -209,11 +211,10 @@ def update(acc: dict, logits: jax.Array, log_z: jax.Array, seq_ids: jax.Array,
   Each layer is one block of all ``T`` queries folded by :class:`LayerFold`, then :func:`accumulators.count`.
   """
   zres, qstats = [], []
-  t = logits.shape[-1]
   for layer in range(logits.shape[1]):
-    fold = LayerFold(design, layer, seq_ids, t)
+    fold = LayerFold(design, layer, seq_ids)
     s, lz = logits[:, layer], log_z[:, layer]
-    state = fold(fold.begin(acc, lambda start: (s[:1], lz[:1])), 0, s, lz)
+    state = fold(fold.begin(acc, lambda fn, init: fn(init, 0, s[:1], lz[:1])), 0, s, lz)
     acc, z, q = fold.end(acc, state)
     zres.append(z)
     qstats.append(q)
@@ -231,9 +232,9 @@ def _head_design(d: fe.FEDesign, head: jax.Array) -> fe.FEDesign:
 class LayerFold:
   """Folds one layer's blocks of queries into the leakage accumulators (an ``attention.BlockFold``).
 
-  ``begin(acc, first_rows)`` takes the layer's references (on the first batch,
+  ``begin(acc, first_blocks)`` takes the layer's references (on the first batch,
   from its first sequence: :func:`offset_profile`, one pass over that
-  sequence's blocks), ``fold(state, start, logits [B, H, R, W], log_z [B, H, R], key_start)``
+  sequence's blocks, with the keys the blocks of the batch see), ``fold(state, start, logits [B, H, R, W], log_z [B, H, R], key_start)``
   adds a block (:func:`block_sums`, one head of one sequence at a time), and
   ``end(acc, state)`` adds the sequences' sums to their blocks of ``acc``'s
   slice ``layer``, returning ``(acc, zres [B, H, T], qstats)`` (each
@@ -244,12 +245,11 @@ class LayerFold:
   batch's references are taken while ``n`` is still 0).
   """
 
-  def __init__(self, design: fe.FEDesign, layer: int, seq_ids: jax.Array, seq_len: int, block: int | None = None):
+  def __init__(self, design: fe.FEDesign, layer: int, seq_ids: jax.Array):
     d = accumulators.design(design, layer)
     # The layer's design without its layer axis: [T] fields for one mask, [H, T] per head.
     self.design = d if d.query_count.ndim == 1 else fe.FEDesign(*(x[0] for x in d))
     self.layer, self.seq_ids = layer, seq_ids
-    self.starts = jnp.arange(0, seq_len, block or seq_len)
 
   def _per_head(self, fn, s: jax.Array, lz: jax.Array, *args):
     """``fn(head design, *head args, s [R, T], lz [R])`` over every (sequence, head) of ``s [B, H, R, T]``, one at
@@ -266,19 +266,17 @@ class LayerFold:
                             *(jnp.tile(x, (b,) + (1,) * (x.ndim - 1)) for x in args)))
     return jax.tree.map(lambda x: x.reshape((b, h) + x.shape[1:]), out)
 
-  def begin(self, acc: dict, first_rows) -> dict:
+  def begin(self, acc: dict, first_blocks) -> dict:
     part = accumulators.view(acc, self.layer)
 
     def profile():
-      def add(sums, start):
-        s, lz = first_rows(start)
-        os, wlz = self._per_head(profile_block_at(start), s.astype(jnp.float32), lz.astype(jnp.float32))
-        return (sums[0] + os[0], sums[1] + wlz[0]), None
+      def add(sums, start, s, lz, key_start=0):
+        os, wlz = self._per_head(profile_block_at(start, key_start), s.astype(jnp.float32), lz.astype(jnp.float32))
+        return sums[0].at[..., :os.shape[-1]].add(os[0]), sums[1] + wlz[0]  # offsets 0 .. W - 1 of the block
 
       h, t = part["s"]["ref"].shape[1:]
       zero = (jnp.zeros((h, t), jnp.float32), jnp.zeros((h,), jnp.float32))
-      sums = jax.lax.scan(add, zero, self.starts)[0] if len(self.starts) > 1 else add(zero, 0)[0]
-      return offset_profile(self.design, *sums)
+      return offset_profile(self.design, *first_blocks(add, zero))
 
     ref_s, ref_l = jax.lax.cond(acc["n"].sum() > 0, lambda: (part["s"]["ref"][0], part["loga"]["ref"][0]), profile)
     zeros = jnp.zeros((len(self.seq_ids),) + ref_s.shape, jnp.float32)
@@ -314,9 +312,9 @@ def block_sums_at(start, key_start=0):
   return lambda design, ref_s, ref_l, s, lz: block_sums(design, start, ref_s, ref_l, s, lz, key_start)
 
 
-def profile_block_at(start):
-  """:func:`profile_block` at ``start`` as ``fn(design, s, lz)``."""
-  return lambda design, s, lz: profile_block(design, start, s, lz)
+def profile_block_at(start, key_start=0):
+  """:func:`profile_block` at ``start`` (keys from ``key_start``) as ``fn(design, s, lz)``."""
+  return lambda design, s, lz: profile_block(design, start, s, lz, key_start)
 
 
 def _half_weights(keep: jax.Array) -> jax.Array:

@@ -80,7 +80,7 @@ class _FoldingHooks(Hooks):
     return True
 
   def attention_fold(self, layer: int, seq_len: int, block: int):
-    self._fold = leakage.LayerFold(self.design, layer, self.seq_ids, seq_len, block)
+    self._fold = leakage.LayerFold(self.design, layer, self.seq_ids)
     return self._fold, self.state["leakage"]
 
   def attention_folded(self, layer: int, state: dict) -> None:
