@@ -8,7 +8,9 @@ random RoPE decoder of ``--shape`` (seeded), ``steps.make_baseline_step`` at
 that block (``query_block = seq_len``: all queries at once), compiled (the
 compile time and XLA's step bytes are reported), warmed up on one batch, then
 timed over ``--num_sequences`` sequences in batches of ``batch``, all past the
-closedness check's sequences (the steady state). ``--key_bands`` sets
+closedness check's sequences (the steady state). "first batch / steady" is
+one batch on empty accumulators (the step then also profiles the first
+sequence's references, ``leakage.LayerFold.begin``) against a steady batch. ``--key_bands`` sets
 ``attention.KEY_BANDS`` (1: every block scores all ``T`` keys), to separate
 the gain of smaller blocks from that of the bands. ``--window=W``: an ``swa``
 model with a window of ``W`` keys in every layer, each config timed twice,
@@ -52,15 +54,21 @@ def measure(shape: str, seq_len: int, block: int, batch: int, num_sequences: int
                         jax.ShapeDtypeStruct((batch,), jnp.int32)).compile()
   compile_s = time.perf_counter() - t0
   first = AnalysisOptions().closedness_sequences  # batches from here on skip the closedness check
-  a = jax.block_until_ready(compiled(params, jax.tree.map(jnp.copy, acc), tokens[:batch],
-                                     jnp.arange(first, first + batch)))
+  def first_batch():  # empty accumulators: the step also profiles the first sequence's references
+    return compiled(params, jax.tree.map(jnp.copy, acc), tokens[:batch], jnp.arange(first, first + batch))
+
+  jax.block_until_ready(first_batch())
+  t0 = time.perf_counter()
+  a = jax.block_until_ready(first_batch())
+  first_s = time.perf_counter() - t0
   t0 = time.perf_counter()
   for start in range(0, num_sequences - batch + 1, batch):
     a = compiled(params, a, tokens[start:start + batch], jnp.arange(first + start, first + start + batch))
   jax.block_until_ready(a)
-  done = (num_sequences // batch) * batch
+  steps_done = num_sequences // batch
+  steady_s = time.perf_counter() - t0
   return [seq_len, block, batch, f"{compile_s:.1f}", f"{memory.step_bytes(compiled) / memory.GiB:.2f}",
-          round(done * seq_len / (time.perf_counter() - t0))]
+          round(steps_done * batch * seq_len / steady_s), f"{first_s / (steady_s / steps_done):.2f}"]
 
 
 def main() -> None:
@@ -82,7 +90,7 @@ def main() -> None:
       print(rows[-1], flush=True)
   print(f"machine: {common.machine()}; shape {a.shape}, key bands {a.key_bands}, window {a.window or 'none'}")
   print(common.markdown_table(["seq_len", "query block", "batch", "compile s", "step GiB", "steady tok/s",
-                               "keys per block"], rows))
+                               "first batch / steady", "keys per block"], rows))
 
 
 if __name__ == "__main__":
