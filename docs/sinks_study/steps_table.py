@@ -1,6 +1,11 @@
-"""The denominator picture of one run at every kept checkpoint, from the per-step summaries committed beside this file.
+"""One run at every kept checkpoint, from the records committed beside this file.
 
-    python docs/sinks_study/steps_table.py rope-L4-s0 > /tmp/steps.md
+    python docs/sinks_study/steps_table.py rope-L4-s0 > /tmp/steps.md   # the denominator picture
+    python docs/sinks_study/steps_table.py --headline rope-L4-s0 ntk-L4-s0  # results.md's table across steps
+
+``--headline`` prints, per run and step, from ``RUN.steps.json`` alone: the held-out max sink score, the
+leakage of log a, the pooled and early residual-stream shares and the early fraction ``bos_replace[mean]``
+removes, each with its 95% jackknife interval ("n/a" where summary.json gives none).
 
 Reads ``RUN.steps.json`` and ``RUN.steps/step_N.summary.json`` (copies of ``analyze.py --all_steps``'s
 ``analysis_steps/step_N/summary.json``). Per step: the sink heads and the
@@ -39,5 +44,27 @@ def main(run: str) -> None:
           f"{fmt(d['excess_mean_layer'])} | {fmt(d['max_weight_mean_layer'])} |")
 
 
+def headline(runs: list[str]) -> None:
+  here = os.path.dirname(os.path.abspath(__file__))
+  print("| run | step (tokens) | held-out max sink score | leakage of log a | pooled residual-stream share | "
+        "early residual-stream share | BOS-replace[mean] early removed |")
+  print("|" + "---|" * 7)
+  for run in runs:
+    with open(os.path.join(here, f"{run}.steps.json")) as f:
+      records = json.load(f)["steps"]
+    for i, r in enumerate(records):
+      cells = [_ci(r, "sink_score_max"), _ci(r, "leakage_log_weights"), _ci(r, "residual_stream_share"),
+               _ci(r, "residual_stream_share_early"), _ci(r["bos_replace"]["mean"], "residual_stream_removed_early")]
+      print(f"| {run if i == 0 else ''} | {r['step']} ({r['tokens'] / 1e6:.1f}M) | " + " | ".join(cells) + " |")
+
+
+def _ci(record: dict, key: str) -> str:
+  v, (lo, hi) = record.get(key), record.get(key + "_ci", (None, None))
+  return "n/a" if v is None or lo is None else f"{v:.3f} [{lo:.3f}, {hi:.3f}]"
+
+
 if __name__ == "__main__":
-  main(sys.argv[1] if len(sys.argv) > 1 else "rope-L4-s0")
+  if sys.argv[1:2] == ["--headline"]:
+    headline(sys.argv[2:])
+  else:
+    main(sys.argv[1] if len(sys.argv) > 1 else "rope-L4-s0")
