@@ -363,7 +363,7 @@ class Attention(nnx.Module):
       out = softmax_attention(q, k, v, positions, self.window, self.dtype)
     else:
       block = hooks.query_block_size(q.shape[1])
-      fold, state = hooks.attention_fold(layer, q.shape[1], block)
+      fold, state = hooks.attention_fold(layer)
       out, log_z, state = query_block_attention(
           q, k, v, positions, self.window, self.dtype, block,
           edit_logits=lambda s: hooks(hooks_lib.attn(layer, "logits"), s),

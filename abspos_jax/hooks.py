@@ -146,9 +146,9 @@ class Hooks:
       raise ValueError(f"query_block={self.query_block} must divide the sequence length {seq_len}")
     return self.query_block
 
-  def attention_fold(self, layer: int, seq_len: int, block: int) -> tuple[Any, Any]:
-    """``(fold, state)`` for layer ``layer``'s blocks of ``block`` of ``seq_len`` queries
-    (``attention.BlockFold``); ``(None, None)``: no fold."""
+  def attention_fold(self, layer: int) -> tuple[Any, Any]:
+    """``(fold, state)`` for layer ``layer``'s query blocks (``attention.BlockFold``, which receives each
+    block's query and key starts); ``(None, None)``: no fold."""
     return None, None
 
   def attention_folded(self, layer: int, state: Any) -> None:

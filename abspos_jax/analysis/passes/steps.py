@@ -79,7 +79,7 @@ class _FoldingHooks(Hooks):
   def reads_attention(self, layer: int) -> bool:
     return True
 
-  def attention_fold(self, layer: int, seq_len: int, block: int):
+  def attention_fold(self, layer: int):
     self._fold = leakage.LayerFold(self.design, layer, self.seq_ids)
     return self._fold, self.state["leakage"]
 
